@@ -1,0 +1,268 @@
+"""`ToolEnv`: the multi-turn loop shared by every tool-using environment.
+
+An episode is a conversation. `reset()` returns the first user message (the task and how to
+use the tools); every `step(action)` takes the agent's whole turn, finds one tool call or a
+final answer in it (`copes.envs.parsing`), and returns the tool's output, the grade, or a
+message saying what was wrong with the turn. The conversation so far is always in
+``info["messages"]`` in OpenAI chat format, ready for a tokenizer's chat template.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
+
+import gymnasium as gym
+import numpy as np
+
+from copes.envs.parsing import CallFormat, ParsedTurn, TurnParser
+from copes.envs.rewards.graders import Grade, Grader
+from copes.envs.tasks.base import Task
+from copes.envs.tools.base import Tool, close_tool, reset_tool, tool_schema
+
+logger = logging.getLogger(__name__)
+
+Instructions = Callable[[Task, Sequence[Tool], CallFormat], str]
+
+
+class UnicodeText(gym.spaces.Space[str]):
+    """A space of arbitrary Unicode strings up to `max_length` characters.
+
+    Gymnasium's `Text` space only admits a fixed character set; model turns and tool outputs
+    can hold any character, so this space admits them all.
+    """
+
+    def __init__(self, max_length: int, seed: int | np.random.Generator | None = None) -> None:
+        super().__init__(shape=None, dtype=None, seed=seed)
+        self.max_length = max_length
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, str) and len(x) <= self.max_length
+
+    def sample(self, mask: Any = None, probability: Any = None) -> str:
+        length = int(self.np_random.integers(0, min(self.max_length, 64) + 1))
+        points = self.np_random.integers(0x20, 0x2FFF, size=length)
+        return "".join(chr(int(p)) for p in points)
+
+    @property
+    def is_np_flattenable(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return f"UnicodeText(max_length={self.max_length})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, UnicodeText) and other.max_length == self.max_length
+
+
+def default_instructions(task: Task, tools: Sequence[Tool], call_format: CallFormat) -> str:
+    """The first user message: the question, then how to call tools and answer."""
+    lines = [task.question.strip(), ""]
+    if call_format == "tags":
+        lines.append("Tools (one call per turn, then wait for the result):")
+        for t in tools:
+            lines.append(f"<{t.name}>...</{t.name}> {t.description.strip()}")
+    else:
+        lines.append("Use the tools when they help (one call per turn).")
+    lines.append("Give the final answer as <answer>...</answer>.")
+    return "\n".join(lines)
+
+
+class ToolEnv(gym.Env[str, str]):
+    """A multi-turn text environment in which an agent calls tools and then answers.
+
+    Args:
+        tasks: the problems episodes are drawn from (uniformly with the env's seed, or
+            chosen with ``reset(options={"task": t})`` / ``{"task_index": i}`` /
+            ``{"task_id": "..."}``).
+        tools: the tools the agent may call, by their `name`.
+        grader: turns a final answer into a reward (`copes.envs.rewards.graders`).
+        max_turns: agent turns before the episode is truncated (reward 0).
+        call_format: "tags" (``<python>..</python>``) or "hermes" (``<tool_call>{json}``).
+        invalid_penalty: reward given for a turn with no valid action (default 0: no shaping).
+        accept_boxed: a bare ``\\boxed{x}`` counts as the final answer (math).
+        max_tool_output_chars: longer tool outputs are cut, with a marker.
+        max_action_chars: longest turn accepted; used as the action space's max length.
+        system_prompt: an optional system message at the start of the conversation.
+        instructions: builds the first user message; default `default_instructions`.
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"]}
+
+    def __init__(
+        self,
+        tasks: Sequence[Task],
+        tools: Sequence[Tool],
+        grader: Grader,
+        *,
+        max_turns: int = 4,
+        call_format: CallFormat = "tags",
+        invalid_penalty: float = 0.0,
+        accept_boxed: bool = False,
+        max_tool_output_chars: int = 4000,
+        max_action_chars: int = 32_000,
+        system_prompt: str | None = None,
+        instructions: Instructions = default_instructions,
+        render_mode: str | None = None,
+    ) -> None:
+        if not tasks:
+            raise ValueError("ToolEnv needs at least one task")
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        names = [t.name for t in tools]
+        if len(set(names)) != len(names):
+            raise ValueError(f"tool names must be unique, got {names}")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
+        self.tasks = list(tasks)
+        self.tools: dict[str, Tool] = {t.name: t for t in tools}
+        self.grader = grader
+        self.max_turns = max_turns
+        self.call_format = call_format
+        self.invalid_penalty = invalid_penalty
+        self.max_tool_output_chars = max_tool_output_chars
+        self.system_prompt = system_prompt
+        self.instructions = instructions
+        self.render_mode = render_mode
+        self.parser = TurnParser(
+            self.tools, call_format, accept_boxed=accept_boxed, max_call_chars=max_action_chars
+        )
+        self._task_index = {t.id: i for i, t in enumerate(self.tasks)}
+        self.action_space = UnicodeText(max_action_chars)
+        self.observation_space = UnicodeText(1_000_000)
+        self.task: Task | None = None
+        self._messages: list[dict[str, Any]] = []
+        self._turn = 0
+        self._tool_calls = 0
+        self._done = True
+
+    # ------------------------------------------------------------------ public helpers
+    @property
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """Function schemas of the tools, for chat templates that take ``tools=``."""
+        return [tool_schema(t) for t in self.tools.values()]
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        return [dict(m) for m in self._messages]
+
+    # ------------------------------------------------------------------ gymnasium API
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        self.task = self._choose_task(options or {})
+        for t in self.tools.values():
+            reset_tool(t, self.task)
+        first = self.instructions(self.task, list(self.tools.values()), self.call_format)
+        self._messages = []
+        if self.system_prompt:
+            self._messages.append({"role": "system", "content": self.system_prompt})
+        self._messages.append({"role": "user", "content": first})
+        self._turn = 0
+        self._tool_calls = 0
+        self._done = False
+        return first, self._info(tools=self.tool_schemas)
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self._done or self.task is None:
+            raise RuntimeError("the episode is over (or never started): call reset() first")
+        if not isinstance(action, str):
+            raise TypeError(f"an action is the agent's turn as a str, got {type(action).__name__}")
+        self._turn += 1
+        self._messages.append({"role": "assistant", "content": action})
+        parsed = self.parser.parse(action)
+        extra: dict[str, Any] = {"action": parsed.kind}
+
+        if parsed.kind == "answer":
+            assert parsed.answer is not None
+            grade = self._grade(parsed.answer)
+            self._done = True
+            extra.update(answer=parsed.answer, grade=grade.details, correct=grade.correct)
+            extra["end_reason"] = "answer"
+            return "", grade.reward, True, False, self._info(**extra)
+
+        if parsed.kind == "tool_call":
+            observation, seconds = self._run_tool(parsed)
+            self._tool_calls += 1
+            message = {"role": "tool", "name": parsed.tool_name, "content": observation}
+            self._messages.append(message)
+            extra.update(tool=parsed.tool_name, tool_seconds=seconds)
+            reward = 0.0
+        else:
+            observation = parsed.error or "Invalid action."
+            self._messages.append({"role": "user", "content": observation})
+            reward = -self.invalid_penalty
+
+        truncated = self._turn >= self.max_turns
+        if truncated:
+            self._done = True
+            extra.update(end_reason="max_turns", correct=False)
+        return observation, reward, False, truncated, self._info(**extra)
+
+    def render(self) -> str | None:
+        if self.render_mode != "ansi":
+            return None
+        return "\n\n".join(f"[{m['role']}]\n{m['content']}" for m in self._messages)
+
+    def close(self) -> None:
+        for t in self.tools.values():
+            close_tool(t)
+        super().close()
+
+    # ------------------------------------------------------------------ internals
+    def _choose_task(self, options: Mapping[str, Any]) -> Task:
+        if "task" in options:
+            task = options["task"]
+            if not isinstance(task, Task):
+                raise TypeError(f'options["task"] must be a Task, got {type(task).__name__}')
+            return task
+        if "task_id" in options:
+            try:
+                return self.tasks[self._task_index[options["task_id"]]]
+            except KeyError:
+                raise KeyError(f"no task with id {options['task_id']!r} in this env") from None
+        if "task_index" in options:
+            index = int(options["task_index"])
+            if not 0 <= index < len(self.tasks):
+                raise IndexError(f"task_index {index} out of range [0, {len(self.tasks)})")
+            return self.tasks[index]
+        return self.tasks[int(self.np_random.integers(len(self.tasks)))]
+
+    def _run_tool(self, parsed: ParsedTurn) -> tuple[str, float]:
+        assert parsed.tool_name is not None
+        start = time.perf_counter()
+        try:
+            output = self.tools[parsed.tool_name](**parsed.arguments)
+            if not isinstance(output, str):
+                output = str(output)
+        except Exception as exc:  # a tool bug must not end the training run
+            logger.warning("tool %s raised %r", parsed.tool_name, exc)
+            output = f"Error: the {parsed.tool_name} tool failed: {type(exc).__name__}: {exc}"
+        seconds = time.perf_counter() - start
+        if len(output) > self.max_tool_output_chars:
+            cut = len(output) - self.max_tool_output_chars
+            output = output[: self.max_tool_output_chars] + f"\n...[truncated {cut} characters]"
+        if parsed.note:
+            output = f"{output}\n{parsed.note}"
+        return output, seconds
+
+    def _grade(self, answer: str) -> Grade:
+        assert self.task is not None
+        try:
+            return self.grader(answer, self.task)
+        except Exception as exc:  # a grader bug scores 0 and is logged, never crashes a run
+            logger.exception("grader failed on task %s", self.task.id)
+            return Grade(0.0, False, {"prediction": answer, "error": repr(exc)})
+
+    def _info(self, **extra: Any) -> dict[str, Any]:
+        assert self.task is not None
+        return {
+            "messages": self.messages,
+            "task_id": self.task.id,
+            "turn": self._turn,
+            "tool_calls": self._tool_calls,
+            **extra,
+        }

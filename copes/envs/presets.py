@@ -1,0 +1,148 @@
+"""The two ready-made environments: ToolMath (Python calculator) and ToolQA (BM25 search).
+
+Each is a `ToolEnv` with a task source, a default tool and a grader. Users pick a benchmark
+and split, pass their own tasks, replace the tools, or add one with ``extra_tools=[...]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from copes.envs.core import ToolEnv
+from copes.envs.parsing import CallFormat
+from copes.envs.rewards.graders import MathGrader, QAGrader
+from copes.envs.tasks.base import Task
+from copes.envs.tools.base import Tool
+
+MATH_SYSTEM_PROMPT = None  # the tiny agent and base models do best with the task alone
+DEFAULT_NUM_SYNTHETIC_TASKS = 1000
+
+
+def load_tasks(
+    benchmark: str,
+    split: str | None,
+    *,
+    source: str | Path | None = None,
+    data_dir: str | Path | None = None,
+    limit: int | None = None,
+    task_seed: int = 0,
+) -> list[Task]:
+    """Tasks of a benchmark by name (synthetic generators included), as envs and evals use them."""
+    if benchmark in ("synthetic-math", "synthetic-qa"):
+        from copes.envs.tasks import synthetic
+
+        generate = (
+            synthetic.synthetic_math_tasks
+            if benchmark == "synthetic-math"
+            else synthetic.synthetic_qa_tasks
+        )
+        return generate(split or "train", limit or DEFAULT_NUM_SYNTHETIC_TASKS, seed=task_seed)
+    from copes.envs.tasks.registry import load_benchmark
+
+    return load_benchmark(benchmark, source=source, split=split, limit=limit, data_dir=data_dir)
+
+
+def _check_kind(tasks: Sequence[Task], kind: str, env_name: str) -> None:
+    wrong = [t.id for t in tasks if t.kind != kind]
+    if wrong:
+        raise ValueError(
+            f"{env_name} grades {kind} tasks, but {len(wrong)} task(s) are not "
+            f"(first: {wrong[0]!r}); use the other environment or fix the task kind"
+        )
+
+
+def tool_math_env(
+    benchmark: str = "synthetic-math",
+    split: str | None = None,
+    *,
+    tasks: Sequence[Task] | None = None,
+    tools: Sequence[Tool] | None = None,
+    extra_tools: Sequence[Tool] = (),
+    max_turns: int = 4,
+    call_format: CallFormat = "tags",
+    source: str | Path | None = None,
+    data_dir: str | Path | None = None,
+    limit: int | None = None,
+    task_seed: int = 0,
+    python_timeout: float = 10.0,
+    grader_timeout: float = 5.0,
+    **env_kwargs: Any,
+) -> ToolEnv:
+    """ToolMath-v0: math problems, a sandboxed Python (sympy) tool, a symbolic-equality grader.
+
+    `tasks` overrides `benchmark`; `tools` replaces the Python tool; `extra_tools` adds to it.
+    """
+    if tasks is None:
+        tasks = load_tasks(
+            benchmark, split, source=source, data_dir=data_dir, limit=limit, task_seed=task_seed
+        )
+    _check_kind(tasks, "math", "ToolMath")
+    if tools is None:
+        from copes.envs.tools.python import PythonTool
+
+        tools = [PythonTool(timeout=python_timeout)]
+    env_kwargs.setdefault("accept_boxed", True)
+    return ToolEnv(
+        tasks,
+        [*tools, *extra_tools],
+        MathGrader(timeout=grader_timeout),
+        max_turns=max_turns,
+        call_format=call_format,
+        **env_kwargs,
+    )
+
+
+def tool_qa_env(
+    benchmark: str = "synthetic-qa",
+    split: str | None = None,
+    *,
+    tasks: Sequence[Task] | None = None,
+    tools: Sequence[Tool] | None = None,
+    extra_tools: Sequence[Tool] = (),
+    max_turns: int = 4,
+    call_format: CallFormat = "tags",
+    source: str | Path | None = None,
+    data_dir: str | Path | None = None,
+    limit: int | None = None,
+    task_seed: int = 0,
+    top_k: int = 3,
+    corpus_index: str | Path | None = None,
+    reward_metric: Literal["f1", "em"] = "f1",
+    **env_kwargs: Any,
+) -> ToolEnv:
+    """ToolQA-v0: multi-hop questions, a BM25 search tool, an EM/F1 grader.
+
+    Search runs over each question's own passage pool (the distractor setting) unless
+    `corpus_index` names an on-disk open-corpus index (see docs/retrieval.md).
+    """
+    if tasks is None:
+        tasks = load_tasks(
+            benchmark, split, source=source, data_dir=data_dir, limit=limit, task_seed=task_seed
+        )
+    _check_kind(tasks, "qa", "ToolQA")
+    if tools is None:
+        from copes.envs.tools.search import SearchTool
+
+        retriever = None
+        if corpus_index is not None:
+            from copes.envs.retrieval import CorpusRetriever
+
+            retriever = CorpusRetriever.load(corpus_index)
+        else:
+            pool_less = [t.id for t in tasks if not t.passages]
+            if pool_less:
+                raise ValueError(
+                    f"{len(pool_less)} task(s) have no passages to search (first: "
+                    f"{pool_less[0]!r}); open-corpus benchmarks need corpus_index=<index dir>"
+                )
+        tools = [SearchTool(retriever=retriever, top_k=top_k)]
+    return ToolEnv(
+        tasks,
+        [*tools, *extra_tools],
+        QAGrader(metric=reward_metric),
+        max_turns=max_turns,
+        call_format=call_format,
+        **env_kwargs,
+    )

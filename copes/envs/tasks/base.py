@@ -1,0 +1,50 @@
+"""The `Task` every environment, loader and generator agrees on.
+
+A task is one problem with its gold answers (aliases for QA) and, for multi-hop QA in the
+distractor setting, the pool of candidate passages the search tool may retrieve from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+TaskKind = Literal["math", "qa"]
+
+
+@dataclass(frozen=True)
+class Passage:
+    """One retrievable passage: a title and its text (`id` is optional, for open corpora)."""
+
+    title: str
+    text: str
+    id: str = ""
+
+
+@dataclass(frozen=True)
+class Task:
+    """One problem with verifiable answers.
+
+    Attributes:
+        id: stable identifier, unique inside its benchmark split.
+        question: the problem text shown to the agent.
+        answers: gold answers; math has one, QA may list aliases (any alias counts).
+        kind: "math" (graded by symbolic equivalence) or "qa" (graded by EM/F1).
+        passages: the per-question pool for QA in the distractor setting; empty otherwise.
+        source: benchmark name, e.g. "gsm8k", "hotpotqa", "synthetic-math".
+        metadata: anything else worth keeping (level, subject, type, supporting titles).
+    """
+
+    id: str
+    question: str
+    answers: tuple[str, ...]
+    kind: TaskKind
+    passages: tuple[Passage, ...] = ()
+    source: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        if not self.answers:
+            raise ValueError(f"task {self.id!r} has no gold answer; every task needs at least one")
+        if self.kind not in ("math", "qa"):
+            raise ValueError(f"task {self.id!r}: kind must be 'math' or 'qa', got {self.kind!r}")

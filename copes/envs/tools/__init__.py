@@ -1,0 +1,1 @@
+"""Tools an agent can call."""

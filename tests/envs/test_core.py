@@ -1,0 +1,138 @@
+"""ToolEnv: the multi-turn loop, with user-defined tools and grader."""
+
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+from copes.envs.core import ToolEnv, UnicodeText
+from copes.envs.rewards.graders import Grade
+from copes.envs.tasks.base import Task
+from copes.envs.tools.base import tool
+
+
+@tool
+def reverse(text: str) -> str:
+    """Reverse a string."""
+    return text[::-1]
+
+
+@tool
+def explode(text: str) -> str:
+    """A tool with a bug."""
+    raise RuntimeError("boom")
+
+
+@tool
+def shout(text: str) -> str:
+    """Repeat loudly."""
+    return text.upper() * 1000
+
+
+def exact_grader(answer: str, task: Task) -> Grade:
+    correct = answer in task.answers
+    return Grade(float(correct), correct, {"prediction": answer})
+
+
+TASKS = [
+    Task(id=f"t{i}", question=f"Reverse the word w{i}ord.", answers=(f"dro{i}w",), kind="qa")
+    for i in range(5)
+]
+
+
+def make_env(**kwargs):
+    return ToolEnv(TASKS, [reverse, explode, shout], exact_grader, **kwargs)
+
+
+def test_check_env_passes():
+    check_env(make_env(), skip_render_check=False)
+
+
+def test_full_episode_tool_then_correct_answer():
+    env = make_env()
+    obs, info = env.reset(seed=0, options={"task_id": "t3"})
+    assert obs.startswith("Reverse the word w3ord.")
+    assert "<reverse>...</reverse>" in obs and "<answer>" in obs
+    assert info["messages"] == [{"role": "user", "content": obs}]
+    assert info["tools"][0]["function"]["name"] == "reverse"
+
+    obs, reward, terminated, truncated, info = env.step("<reverse>w3ord</reverse>")
+    assert (obs, reward, terminated, truncated) == ("dro3w", 0.0, False, False)
+    assert info["tool_calls"] == 1 and info["action"] == "tool_call" and info["tool"] == "reverse"
+    assert info["messages"][-1] == {"role": "tool", "name": "reverse", "content": "dro3w"}
+
+    obs, reward, terminated, truncated, info = env.step("<answer>dro3w</answer>")
+    assert (reward, terminated, truncated) == (1.0, True, False)
+    assert info["end_reason"] == "answer" and info["correct"] is True
+    assert info["grade"]["prediction"] == "dro3w"
+    assert [m["role"] for m in info["messages"]] == ["user", "assistant", "tool", "assistant"]
+    with pytest.raises(RuntimeError, match="reset"):
+        env.step("<answer>again</answer>")
+
+
+def test_wrong_answer_gets_zero():
+    env = make_env()
+    env.reset(options={"task_index": 0})
+    _, reward, terminated, _, info = env.step("<answer>nope</answer>")
+    assert reward == 0.0 and terminated and info["correct"] is False
+
+
+def test_invalid_turns_penalty_and_truncation():
+    env = make_env(max_turns=2, invalid_penalty=0.1)
+    env.reset(options={"task_index": 0})
+    obs, reward, terminated, truncated, info = env.step("just text")
+    assert obs.startswith("Invalid action") and reward == -0.1
+    assert not terminated and not truncated and info["messages"][-1]["role"] == "user"
+    obs, reward, terminated, truncated, info = env.step("<reverse>abc</reverse>")
+    assert truncated and not terminated and info["end_reason"] == "max_turns"
+
+
+def test_tool_exception_becomes_observation():
+    env = make_env()
+    env.reset(seed=1)
+    obs, *_ = env.step("<explode>x</explode>")
+    assert "explode tool failed" in obs and "boom" in obs
+
+
+def test_long_tool_output_is_truncated_with_marker():
+    env = make_env(max_tool_output_chars=100)
+    env.reset(seed=1)
+    obs, *_ = env.step("<shout>ab</shout>")
+    assert obs.startswith("ABAB") and obs.endswith("[truncated 1900 characters]")
+
+
+def test_seeded_reset_is_reproducible_and_covers_tasks():
+    env = make_env()
+    first = [env.reset(seed=s)[1]["task_id"] for s in range(20)]
+    again = [env.reset(seed=s)[1]["task_id"] for s in range(20)]
+    assert first == again and len(set(first)) > 1
+
+
+def test_system_prompt_and_render():
+    env = make_env(system_prompt="Be brief.", render_mode="ansi")
+    _, info = env.reset(seed=0)
+    assert info["messages"][0] == {"role": "system", "content": "Be brief."}
+    assert "[user]" in env.render()
+
+
+def test_hermes_format_episode():
+    env = make_env(call_format="hermes")
+    obs, _ = env.reset(options={"task_id": "t1"})
+    assert "<reverse>" not in obs
+    out, *_ = env.step('<tool_call>{"name": "reverse", "arguments": {"text": "w1ord"}}</tool_call>')
+    assert out == "dro1w"
+    assert env.step("<answer>dro1w</answer>")[1] == 1.0
+
+
+def test_bad_construction_is_explained():
+    with pytest.raises(ValueError, match="at least one task"):
+        ToolEnv([], [reverse], exact_grader)
+    with pytest.raises(ValueError, match="unique"):
+        ToolEnv(TASKS, [reverse, reverse], exact_grader)
+    with pytest.raises(ValueError, match="call_format"):
+        ToolEnv(TASKS, [reverse], exact_grader, call_format="xml")
+
+
+def test_unicode_space_admits_any_text():
+    space = UnicodeText(10, seed=0)
+    assert space.contains("日本語 🙂 ∑")
+    assert not space.contains("x" * 11) and not space.contains(3)
+    assert all(space.contains(space.sample()) for _ in range(20))
