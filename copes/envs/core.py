@@ -89,7 +89,7 @@ class ToolEnv(gym.Env[str, str]):
         instructions: builds the first user message; default `default_instructions`.
     """
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"]}
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 4}
 
     def __init__(
         self,

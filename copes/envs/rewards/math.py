@@ -1,0 +1,566 @@
+"""Math answer grading: extract the final answer, normalize it, decide equivalence.
+
+Cheap checks (normalized string equality, exact/toleranced numbers, plain words) run in the
+caller. Only what they cannot decide goes to math-verify/sympy, and that runs in a persistent
+worker process with a hard timeout: sympy can hang on `(x+1)^{100000}`, `signal.alarm` only
+works on the main thread, and rollouts grade from thread pools. The worker is a fresh
+interpreter (`python -c`), never a fork of the caller, which may hold a CUDA context; it is
+not a `multiprocessing` spawn child either, because spawn re-imports the caller's `__main__`
+(a training script that imports torch) in the child. The worker loads this file alone, not
+the `copes` package, so it imports only sympy and math-verify; hence the `copes` import of
+`last_boxed` is deferred to the functions that need it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import json
+import logging
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from fractions import Fraction
+
+logger = logging.getLogger(__name__)
+
+REL_TOL = 1e-6  # relative tolerance when either number is written as a decimal
+_STARTUP_TIMEOUT_S = 60.0  # worker start (imports sympy + math-verify); not the per-pair budget
+_MAX_SYMBOLIC_CHARS = 1000  # longer "answers" are garbage; the LaTeX parser crawls on them
+_WORKER_MEMORY_BYTES = 2 << 30  # address-space cap: a runaway `10^{10^{10}}` can't eat the host
+
+# ---------------------------------------------------------------------------------------------
+# Answer extraction
+
+
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def extract_answer(text: str) -> str | None:
+    """The final answer of a response: last `<answer>` tag (its box if boxed), else last box.
+
+    An `<answer>` opened after the last closed one and never closed counts too: generation
+    often stops on the `</answer>` stop string, which the engine strips from the output.
+    """
+    from copes.envs.parsing import last_boxed
+
+    if not isinstance(text, str) or not text:
+        return None
+    content = None
+    closed = list(_ANSWER_TAG.finditer(text))
+    tail_from = closed[-1].end() if closed else 0
+    open_at = text.rfind("<answer>", tail_from)
+    if open_at >= 0:
+        content = text[open_at + len("<answer>") :]
+    elif closed:
+        content = closed[-1].group(1)
+    if content is not None:
+        boxed = last_boxed(content)
+        answer = (boxed if boxed is not None else content).strip()
+        return answer or None
+    boxed = last_boxed(text)
+    return boxed.strip() if boxed is not None and boxed.strip() else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Normalization. Rules follow the MATH reference `is_equiv`/`_strip_string` (Hendrycks et al.
+# 2021, "Measuring Mathematical Problem Solving With the MATH Dataset"), written afresh, plus
+# a few extras: thousands separators, single-variable assignments, `\text{...}` unwrapping.
+
+_SPACING = re.compile(r"\\[,;:! ]|\\q?quad(?![a-zA-Z])|~")
+_LEFT_RIGHT = re.compile(r"\\(?:left|right|big|Big|bigg|Bigg)(?![a-zA-Z])")
+_DEGREES = re.compile(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|\\circ|\\degree|°")
+_TEXT_CMD = r"\\(?:text|textrm|textbf|textit|mbox|mathrm)\s*"
+# A trailing unit: `5 \text{ cm}`, `5\mbox{ inches}^2`; letters, spaces and dots only.
+_TRAILING_UNIT = re.compile(_TEXT_CMD + r"\{\s*[A-Za-z][A-Za-z .]*\}\s*(?:\^\s*\{?\d\}?)?\s*$")
+_TEXT_WRAP = re.compile(_TEXT_CMD + r"\{([^{}]*)\}")
+_ASSIGN_LHS = re.compile(r"^\s*(?:[A-Za-z]|\\[A-Za-z]+)(?:_\{?[A-Za-z0-9]+\}?)?\s*$")
+_FRAC_SQRT = re.compile(r"\\(frac|sqrt)(?![a-zA-Z])")
+_BARE_DECIMAL = re.compile(r"(?<![\d.])\.(\d)")
+_INT_SLASH = re.compile(r"^([+-]?\d+)\s*/\s*(\d+)$")
+_THOUSANDS = re.compile(r"^[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
+_CHOICE = re.compile(r"^\(([A-Za-z])\)$")
+
+
+def _read_arg(s: str, i: int) -> tuple[str, int] | None:
+    """One TeX argument at `s[i:]`: a balanced `{...}`, a `\\command`, or one character."""
+    while i < len(s) and s[i].isspace():
+        i += 1
+    if i >= len(s):
+        return None
+    if s[i] == "{":
+        depth = 0
+        for j in range(i, len(s)):
+            depth += {"{": 1, "}": -1}.get(s[j], 0)
+            if depth == 0:
+                return s[i + 1 : j], j + 1
+        return None
+    if s[i] == "\\":
+        m = re.match(r"\\[A-Za-z]+|\\.", s[i:])
+        return (m.group(0), i + m.end()) if m else None
+    return s[i], i + 1
+
+
+def _brace_frac_sqrt(s: str) -> str:
+    """`\\frac12` -> `\\frac{1}{2}`, `\\sqrt2` -> `\\sqrt{2}`; malformed tails are kept as is."""
+    out: list[str] = []
+    i = 0
+    while i < len(s):
+        m = _FRAC_SQRT.match(s, i)
+        if m is None:
+            out.append(s[i])
+            i += 1
+            continue
+        j, head = m.end(), m.group(0)
+        if m.group(1) == "sqrt" and s[j : j + 1] == "[" and "]" in s[j:]:
+            close = s.index("]", j)
+            head, j = head + s[j : close + 1], close + 1
+        args = []
+        for _ in range(2 if m.group(1) == "frac" else 1):
+            got = _read_arg(s, j)
+            if got is None:
+                break
+            args.append(got[0])
+            j = got[1]
+        else:
+            out.append(head + "".join("{" + _brace_frac_sqrt(a) + "}" for a in args))
+            i = j
+            continue
+        out.append(s[i:])  # unbalanced or missing argument: leave the rest untouched
+        break
+    return "".join(out)
+
+
+def _strip_outer_braces(s: str) -> str:
+    while s.startswith("{") and s.endswith("}"):
+        got = _read_arg(s, 0)
+        if got is None or got[1] != len(s):
+            break
+        s = got[0].strip()
+    return s
+
+
+def _normalize(s: str, keep_spaces: bool) -> str:
+    if not isinstance(s, str):
+        return ""
+    s = s.strip()
+    if s.startswith(("\\boxed", "\\fbox")):
+        from copes.envs.parsing import last_boxed
+
+        s = last_boxed(s) or s
+    s = s.replace("\n", " ").replace("\\displaystyle", "")
+    s = _SPACING.sub(" ", s)
+    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    s = _LEFT_RIGHT.sub("", s)
+    s = _DEGREES.sub("", s)
+    s = s.replace("\\$", "").replace("$", "")
+    if not _TEXT_WRAP.fullmatch(s.strip()):  # a lone `\text{east}` is the answer, not a unit
+        s = _TRAILING_UNIT.sub("", s)
+    s = s.replace("\\%", "").replace("%", "")
+    s = _TEXT_WRAP.sub(lambda m: m.group(1), s)
+    s = s.replace("{,}", ",").strip().rstrip(".").strip()
+    if s.count("=") == 1:
+        lhs, rhs = s.split("=")
+        if _ASSIGN_LHS.match(lhs) and rhs.strip():
+            s = rhs.strip()
+    s = _brace_frac_sqrt(s)
+    s = _BARE_DECIMAL.sub(r"0.\1", s)
+    if m := _INT_SLASH.match(s):
+        s = f"\\frac{{{m.group(1)}}}{{{m.group(2)}}}"
+    s = _strip_outer_braces(s)
+    if m := _CHOICE.match(s):
+        s = m.group(1)
+    if _THOUSANDS.match(s.replace(" ", "")):
+        s = s.replace(",", "")
+    s = s.lstrip("+") if re.match(r"^\+\s*\d", s) else s
+    return re.sub(r"\s+", " " if keep_spaces else "", s).strip()
+
+
+def normalize_math_answer(s: str) -> str:
+    """MATH-style canonical string of an answer, for cheap exact comparison (spaces removed)."""
+    return _normalize(s, keep_spaces=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Cheap checks
+
+_INT = re.compile(r"^[+-]?\d+$")
+_DECIMAL = re.compile(r"^[+-]?(?:\d+\.\d*|\.\d+|\d+(?:\.\d*)?[eE][+-]?\d{1,3})$")
+_FRAC_NUM = re.compile(r"^([+-]?)\\frac\{([+-]?\d+)\}\{([+-]?\d+)\}$")
+_WORDS = re.compile(r"^[A-Za-z]+(?:[ '\-][A-Za-z]+)*$")
+_MAX_DIGITS = 4000  # below CPython's int/str conversion limit (4300)
+
+
+def _canonical_int(s: str) -> str:
+    sign = "-" if s.startswith("-") else ""
+    digits = s.lstrip("+-").lstrip("0") or "0"
+    return digits if digits == "0" else sign + digits
+
+
+def _to_number(s: str) -> tuple[Fraction, bool] | None:
+    """(value, exact) for plain integers, decimals and integer fractions; None otherwise."""
+    if len(s) > _MAX_DIGITS:
+        return None
+    if _INT.match(s):
+        return Fraction(int(s)), True
+    if _DECIMAL.match(s):
+        return Fraction(s), False
+    if m := _FRAC_NUM.match(s):
+        den = int(m.group(3))
+        if den == 0:
+            return None
+        value = Fraction(int(m.group(2)), den)
+        return (-value if m.group(1) == "-" else value), True
+    return None
+
+
+def _numbers_equal(a: tuple[Fraction, bool], b: tuple[Fraction, bool]) -> bool:
+    (x, x_exact), (y, y_exact) = a, b
+    if x == y:
+        return True
+    if x_exact and y_exact:
+        return False
+    return abs(x - y) <= Fraction(str(REL_TOL)) * max(abs(x), abs(y))
+
+
+_INFINITY = {"\\infty": "+", "+\\infty": "+", "-\\infty": "-", "\\inf": "+", "-\\inf": "-"}
+_Atom = tuple[Fraction, bool] | str
+
+
+def _atom(s: str) -> _Atom | None:
+    """A plain number as (value, exact), an infinity as its sign, else None."""
+    return _INFINITY.get(s) or _to_number(s)
+
+
+def _atoms_equal(a: _Atom, b: _Atom) -> bool:
+    if isinstance(a, str) or isinstance(b, str):
+        return a == b
+    return _numbers_equal(a, b)
+
+
+_ORDERED = {"()", "[]", "(]", "[)"}  # tuples and intervals: order and brackets matter
+_MAX_ELEMENTS = 64
+
+
+def _split_top_level(s: str) -> list[str] | None:
+    """Split on commas outside brackets; None when a bracket closes that never opened."""
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(s):
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+            if depth < 0:
+                return None
+        elif ch == "," and depth == 0:
+            items.append(s[start:i])
+            start = i + 1
+    items.append(s[start:])
+    return items if depth == 0 else None
+
+
+def _structure(s: str) -> tuple[str, list[str]] | None:
+    """(kind, elements) of a tuple, interval, set or bare comma list; None otherwise."""
+    if s.startswith("\\{") and s.endswith("\\}"):
+        kind, inner = "set", s[2:-2]
+    elif len(s) > 1 and s[0] in "([" and s[-1] in ")]":
+        kind, inner = s[0] + s[-1], s[1:-1]
+    elif "," in s:
+        kind, inner = "list", s
+    else:
+        return None
+    items = _split_top_level(inner)
+    if items is None or not 2 <= len(items) <= _MAX_ELEMENTS:
+        return None
+    return kind, [normalize_math_answer(item) for item in items]
+
+
+def _compare_structures(
+    p: tuple[str, list[str]], g: tuple[str, list[str]], depth: int
+) -> bool | None:
+    (p_kind, p_items), (g_kind, g_items) = p, g
+    if p_kind in _ORDERED and g_kind in _ORDERED:
+        if p_kind != g_kind or len(p_items) != len(g_items):
+            all_atoms = all(_atom(x) is not None for x in p_items + g_items)
+            return False if all_atoms else None  # `[1,2)` vs `[1,2]`
+        verdicts = [
+            _compare_normalized(a, b, depth + 1) for a, b in zip(p_items, g_items, strict=True)
+        ]
+        if False in verdicts:
+            return False
+        return True if all(verdicts) else None
+    if p_kind == g_kind or {p_kind, g_kind} == {"set", "list"}:  # unordered: set equality
+        matrix = [[_compare_normalized(a, b, depth + 1) for b in g_items] for a in p_items]
+        if any(v is None for row in matrix for v in row):
+            return None
+        return all(any(row) for row in matrix) and all(
+            any(col) for col in zip(*matrix, strict=True)
+        )
+    return None
+
+
+def _compare_normalized(p: str, g: str, depth: int = 0) -> bool | None:
+    """Decide two normalized answers from strings, numbers and element-wise structure."""
+    if not p or not g:
+        return False
+    if p == g:
+        return True
+    if _INT.match(p) and _INT.match(g):  # any size, no int() conversion limit
+        return _canonical_int(p) == _canonical_int(g)
+    p_atom, g_atom = _atom(p), _atom(g)
+    if p_atom is not None and g_atom is not None:
+        return _atoms_equal(p_atom, g_atom)
+    if depth >= 3:
+        return None
+    p_struct, g_struct = _structure(p), _structure(g)
+    if p_struct is not None and g_struct is not None:
+        return _compare_structures(p_struct, g_struct, depth)
+    # Several plain numbers against one (`1, 2` vs `2`) never match.
+    for struct, atom in ((p_struct, g_atom), (g_struct, p_atom)):
+        if struct is not None and atom is not None and all(_atom(x) for x in struct[1]):
+            return False
+    return None
+
+
+def _braces_balanced(s: str) -> bool:
+    depth = 0
+    for ch in s:
+        depth += {"{": 1, "}": -1}.get(ch, 0)
+        if depth < 0:
+            return False
+    return depth == 0
+
+
+def _cheap_verdict(pred: str, gold: str) -> bool | None:
+    """True/False when strings, numbers or words decide; None when symbolic work is needed."""
+    p, g = normalize_math_answer(pred), normalize_math_answer(gold)
+    verdict = _compare_normalized(p, g)
+    if verdict is False and ("%" in pred or "%" in gold):  # `50\%` also matches `0.5`
+        p_num, g_num = _to_number(p), _to_number(g)
+        if p_num is not None and g_num is not None:
+            p_scaled, g_scaled = (p_num[0] / 100, p_num[1]), (g_num[0] / 100, g_num[1])
+            return _numbers_equal(p_scaled, g_num) or _numbers_equal(p_num, g_scaled)
+    if verdict is not None:
+        return verdict
+    p_words, g_words = _normalize(pred, True), _normalize(gold, True)
+    # Plain words (`east`, `\text{Monday}`) compare case-insensitively; sympy would read them
+    # as products of symbols (`east` == `seat`). Single letters stay symbolic: `x` is a variable.
+    if _WORDS.match(p_words) and _WORDS.match(g_words) and max(len(p), len(g)) > 1:
+        return p_words.casefold().split() == g_words.casefold().split()
+    if not (_braces_balanced(p) and _braces_balanced(g)):
+        return False
+    return None
+
+
+def is_equivalent(pred: str, gold: str, timeout: float = 5.0) -> bool:
+    """Whether `pred` equals `gold` mathematically; malformed input is False, never an error.
+
+    `timeout` bounds the symbolic check of this pair (waiting for the shared worker does not
+    count). A pair that runs out of time counts as not equivalent. Raises RuntimeError only
+    when the worker cannot start at all (sympy/math-verify missing): a broken install must
+    not silently grade every answer as wrong.
+    """
+    if timeout <= 0:
+        raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+    if not isinstance(pred, str) or not isinstance(gold, str):
+        return False
+    try:
+        verdict = _cheap_verdict(pred, gold)
+    except Exception:  # a normalization bug must not crash a rollout
+        logger.exception("math grader: normalization failed on pred=%.200r gold=%.200r", pred, gold)
+        return False
+    if verdict is not None:
+        return verdict
+    if max(len(pred), len(gold)) > _MAX_SYMBOLIC_CHARS:
+        logger.debug("math grader: answer over %d chars, not equivalent", _MAX_SYMBOLIC_CHARS)
+        return False
+    return _symbolic_verdict(_normalize(pred, True), _normalize(gold, True), timeout)
+
+
+@functools.lru_cache(maxsize=8192)
+def _symbolic_verdict(pred: str, gold: str, timeout: float) -> bool:
+    # GRPO groups repeat answers; caching also keeps a repeated hanging answer from costing a
+    # full timeout every time. Keyed on the timeout, so a longer budget gets a fresh try.
+    return _GRADER.check(pred, gold, timeout)
+
+
+# ---------------------------------------------------------------------------------------------
+# Symbolic worker process
+
+
+class _SymbolicGrader:
+    """One process-wide grader worker; requests are serialized by a lock.
+
+    Protocol: one JSON object per line on the worker's stdin, one reply line on a dedicated
+    fd. On timeout or crash the worker is killed and restarted lazily on the next request.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._owner_pid = os.getpid()
+        self._buffer = b""
+
+    def _reset_after_fork(self) -> None:
+        # A forked child must not share the parent's worker pipes (or inherit a held lock).
+        self._lock = threading.Lock()
+        self._proc = None
+        self._owner_pid = os.getpid()
+        self._buffer = b""
+
+    def _start(self) -> None:
+        code = (
+            "import importlib.util as u, sys; "
+            "s = u.spec_from_file_location('_copes_math_grader_worker', sys.argv[1]); "
+            "m = u.module_from_spec(s); s.loader.exec_module(m); m._worker_main()"
+        )
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", code, os.path.abspath(__file__)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            close_fds=True,
+        )
+        self._buffer = b""
+        reply = self._read_reply(_STARTUP_TIMEOUT_S)
+        if not (isinstance(reply, dict) and reply.get("ready")):
+            self._kill()
+            raise RuntimeError(
+                f"math grader worker failed to start ({reply!r}); check that sympy and "
+                f"math-verify import in {sys.executable} (the worker's stderr is above)"
+            )
+        logger.debug("math grader worker started (pid %d)", self._proc.pid)
+
+    def _kill(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        proc.kill()
+        proc.wait()
+        for pipe in (proc.stdin, proc.stdout):
+            if pipe is not None:
+                pipe.close()
+
+    def _read_reply(self, timeout: float) -> dict | None:
+        """The next reply line, or None on timeout or worker exit."""
+        assert self._proc is not None and self._proc.stdout is not None
+        fd = self._proc.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+                return None
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return None
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def check(self, pred: str, gold: str, timeout: float) -> bool:
+        with self._lock:
+            if self._owner_pid != os.getpid():
+                self._reset_after_fork()
+            if self._proc is None or self._proc.poll() is not None:
+                self._kill()
+                self._start()
+            assert self._proc is not None and self._proc.stdin is not None
+            request = json.dumps({"pred": pred, "gold": gold}).encode() + b"\n"
+            try:
+                self._proc.stdin.write(request)
+                self._proc.stdin.flush()
+            except BrokenPipeError:
+                reply = None
+            else:
+                reply = self._read_reply(timeout)
+            if reply is None:
+                crashed = self._proc.poll() is not None
+                self._kill()
+                logger.warning(
+                    "math grader %s on pred=%.200r gold=%.200r; counted as not equivalent, "
+                    "worker restarts on the next symbolic check",
+                    "worker crashed" if crashed else f"timed out after {timeout:.1f}s",
+                    pred,
+                    gold,
+                )
+                return False
+            if "error" in reply:
+                logger.debug("math grader: symbolic check failed: %s", reply["error"])
+            return bool(reply.get("equal", False))
+
+    def close(self) -> None:
+        with self._lock:
+            if self._owner_pid == os.getpid():
+                self._kill()
+
+
+_GRADER = _SymbolicGrader()
+atexit.register(_GRADER.close)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_GRADER._reset_after_fork)
+
+
+def _watch_caller(worker_pid: int) -> None:
+    """Forked from the worker at start: SIGKILL it once the caller is gone.
+
+    A thread inside the worker cannot do this: a runaway bigint power holds the GIL for
+    minutes. The caller holds the only write end of the worker's stdin, so the kernel flags
+    that pipe with POLLHUP when the caller dies, even while it is an unreaped zombie.
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)  # drop our copies of the reply pipe and the caller's stderr, so
+    os.dup2(devnull, 2)  # whoever reads them sees EOF as soon as the worker dies
+    lifeline = select.poll()
+    lifeline.register(0, 0)  # POLLHUP/POLLERR are always reported; never POLLIN (requests)
+    while os.getppid() == worker_pid:
+        if lifeline.poll(1000):
+            os.kill(worker_pid, signal.SIGKILL)
+            break
+    os._exit(0)
+
+
+def _worker_main() -> None:
+    """Worker loop: read {"pred", "gold"} lines, reply {"equal"} via math-verify/sympy."""
+    worker_pid = os.getpid()
+    if hasattr(os, "fork") and os.fork() == 0:  # fresh interpreter, no threads yet: safe
+        _watch_caller(worker_pid)
+    reply_out = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # stray prints from libraries must not corrupt the reply channel
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        if soft == resource.RLIM_INFINITY or soft > _WORKER_MEMORY_BYTES:
+            cap = (
+                _WORKER_MEMORY_BYTES
+                if hard == resource.RLIM_INFINITY
+                else min(hard, _WORKER_MEMORY_BYTES)
+            )
+            resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    except (ImportError, ValueError, OSError):
+        pass
+    for name in ("math_verify", "latex2sympy2_extended"):
+        logging.getLogger(name).setLevel(logging.ERROR)  # its "timeout disabled" notice
+    from math_verify import parse, verify
+
+    def equal(pred: str, gold: str) -> bool:
+        # math-verify's own timeouts use signal.alarm; the parent enforces ours instead.
+        gold_parsed = parse(f"\\boxed{{{gold}}}", parsing_timeout=None)
+        pred_parsed = parse(f"\\boxed{{{pred}}}", parsing_timeout=None)
+        if not gold_parsed or not pred_parsed:
+            return False
+        return bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))
+
+    equal("x^2+1", "1+x^2")  # warm sympy's caches before reporting ready
+    reply_out.write(json.dumps({"ready": True}) + "\n")
+    for line in sys.stdin:
+        try:
+            request = json.loads(line)
+            reply = {"equal": equal(request["pred"], request["gold"])}
+        except Exception as e:  # includes MemoryError from the address-space cap
+            reply = {"equal": False, "error": f"{type(e).__name__}: {e}"[:500]}
+        reply_out.write(json.dumps(reply) + "\n")
