@@ -1,0 +1,280 @@
+"""CoPES — cooperative parameter-subspace evolution strategies — and ES, its K = 1 case.
+
+Source: Wang et al., "Cooperative Coevolution for Resource-Constrained Agentic LLM
+Post-Training" (arXiv 2608.02391, 2026); ES as in Qiu et al. 2025, "Evolution Strategies at
+Scale: LLM Fine-Tuning Beyond Reinforcement Learning".
+
+One step with population N (`population_size`), K subspaces (`num_subspaces`), noise scale
+sigma and learning rate alpha:
+
+1. draw a fresh random partition of the coordinates into K equal subspaces S_1..S_K;
+2. give each subspace N_k = N / K members; member (k, i) adds sigma_k * eps_{k,i} to the
+   coordinates in S_k only, with sigma_k = sqrt(K) * sigma (same expected squared norm as a
+   full-space perturbation);
+3. score every perturbed model on the same task batch: r_{k,i} = mean reward;
+4. standardize all N rewards jointly: r_hat = (r - mean) / std (one mean, one std);
+5. g_k = (1 / N_k) * sum_i r_hat_{k,i} eps_{k,i} on S_k, and theta += alpha * sum_k P_k g_k.
+
+With K = 1 this is Qiu et al.'s update theta += alpha * (1/N) * sum_n z_n eps_n ("learning-
+rate digestion": no 1/sigma factor; alpha absorbs it). Noise is never stored: members are
+(seed, subspace) pairs and the engine (`copes.optimizers.perturb`) regenerates the noise.
+The optimizer is ask/tell: `ask(step)` names the members, `tell(step, members, rewards)`
+applies the update, and `step()` does both around the rollouts.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from copes.optimizers.base import RolloutFn, StepStats, flag
+from copes.optimizers.perturb import (
+    Perturbation,
+    Subspace,
+    WeightSpace,
+    derive_seed,
+    sigma_for_subspaces,
+)
+
+if TYPE_CHECKING:
+    from copes.agents.policy import Policy
+
+Schedule = Literal["constant", "linear", "cosine"]
+
+
+@dataclass
+class CoPESConfig:
+    """CoPES hyper-parameters (each is a `copes-train` flag). Defaults: the paper's best K=4."""
+
+    population_size: int = flag("N: perturbed models per step (paper ablations: 40)", default=40)
+    num_subspaces: int = flag("K: subspaces per step (paper's best: 4; 1 = plain ES)", default=4)
+    sigma: float = flag("sigma: full-space noise scale (Qiu et al.: 1e-3)", default=1e-3)
+    learning_rate: float = flag("alpha: step size, no 1/sigma factor (Qiu: 5e-4)", default=5e-4)
+    scale_sigma: bool = flag("use sigma_k = sqrt(K) * sigma (paper); off = ablation", default=True)
+    standardization: Literal["joint", "per_subspace"] = flag(
+        "one mean/std over all N rewards (paper) or per subspace (ablation)", default="joint"
+    )
+    antithetic: bool = flag("mirrored pairs +eps/-eps inside each subspace", default=False)
+    rank_shaping: bool = flag(
+        "centered ranks instead of raw rewards before z-scoring", default=False
+    )
+    sigma_schedule: Schedule = flag(
+        "sigma over training: constant, linear or cosine decay", default="constant"
+    )
+    lr_schedule: Schedule = flag(
+        "alpha over training: constant, linear or cosine decay", default="constant"
+    )
+    schedule_steps: int = flag("steps over which schedules decay (0: no decay)", default=0)
+    schedule_final_fraction: float = flag("value at the end of a decay, as a fraction", default=0.1)
+    seed: int = flag("seed of every perturbation and partition", default=0)
+    chunk_size: int = flag("coordinates per chunk of noise (bounds extra memory)", default=1 << 20)
+
+    def __post_init__(self) -> None:
+        n, k = self.population_size, self.num_subspaces
+        if n < 2:
+            raise ValueError(f"population_size must be >= 2 (rewards are standardized), got {n}")
+        if k < 1:
+            raise ValueError(f"num_subspaces must be >= 1, got {k}")
+        if n % k:
+            raise ValueError(
+                f"population_size N={n} must be divisible by num_subspaces K={k}: each subspace "
+                f"gets N/K members (try N={k * max(1, round(n / k))})"
+            )
+        if self.antithetic and (n // k) % 2:
+            raise ValueError(f"antithetic pairs need an even N/K, got N/K = {n // k}")
+        if self.standardization == "per_subspace" and n // k < 2:
+            raise ValueError("per-subspace standardization needs at least 2 members per subspace")
+        if not self.sigma > 0:
+            raise ValueError(f"sigma must be > 0, got {self.sigma}")
+        if not self.learning_rate > 0:
+            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
+        if self.standardization not in ("joint", "per_subspace"):
+            raise ValueError(
+                f"standardization must be joint or per_subspace: {self.standardization!r}"
+            )
+        for name in ("sigma_schedule", "lr_schedule"):
+            if getattr(self, name) not in ("constant", "linear", "cosine"):
+                raise ValueError(f"{name} must be constant, linear or cosine")
+        if not 0 <= self.schedule_final_fraction <= 1:
+            raise ValueError("schedule_final_fraction must be in [0, 1]")
+
+    @property
+    def members_per_subspace(self) -> int:
+        return self.population_size // self.num_subspaces
+
+
+def es_config(**overrides: Any) -> CoPESConfig:
+    """Plain ES with Qiu et al.'s defaults: N = 30, K = 1, sigma = 1e-3, alpha = 5e-4."""
+    return CoPESConfig(**{"population_size": 30, "num_subspaces": 1, **overrides})
+
+
+def _scheduled(base: float, kind: Schedule, step: int, total: int, final: float) -> float:
+    if kind == "constant" or total <= 0:
+        return base
+    progress = min(step / total, 1.0)
+    if kind == "linear":
+        return base * (1 - (1 - final) * progress)
+    return base * (final + (1 - final) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def centered_ranks(values: np.ndarray) -> np.ndarray:
+    """Ranks mapped to [-0.5, 0.5] (ties get their mean rank)."""
+    if values.size < 2:
+        return np.zeros_like(values, dtype=np.float64)
+    order = values.argsort(kind="stable")
+    ranks = np.empty(values.size, dtype=np.float64)
+    ranks[order] = np.arange(values.size, dtype=np.float64)
+    for value in np.unique(values):  # average ties so equal rewards get equal weight
+        tie = values == value
+        ranks[tie] = ranks[tie].mean()
+    return ranks / (values.size - 1) - 0.5
+
+
+def standardize(values: np.ndarray) -> np.ndarray:
+    """z-scores; all zeros when every value is equal (no signal, no update)."""
+    std = values.std()
+    if std == 0 or not np.isfinite(std):
+        return np.zeros_like(values, dtype=np.float64)
+    return (values - values.mean()) / std
+
+
+class CoPES:
+    """CoPES (and ES with K = 1) as an ask/tell optimizer over a `WeightSpace`."""
+
+    def __init__(self, config: CoPESConfig | None = None) -> None:
+        self.config = config or CoPESConfig()
+        self.step_count = 0
+
+    # ------------------------------------------------------------------ ask / tell
+    def sigma_at(self, step: int) -> float:
+        c = self.config
+        return _scheduled(
+            c.sigma, c.sigma_schedule, step, c.schedule_steps, c.schedule_final_fraction
+        )
+
+    def learning_rate_at(self, step: int) -> float:
+        c = self.config
+        return _scheduled(
+            c.learning_rate, c.lr_schedule, step, c.schedule_steps, c.schedule_final_fraction
+        )
+
+    def ask(self, step: int) -> list[Perturbation]:
+        """The N members of `step`: member m belongs to subspace m // N_k."""
+        c = self.config
+        partition_seed = derive_seed("partition", c.seed, step)
+        sigma_k = sigma_for_subspaces(self.sigma_at(step), c.num_subspaces, c.scale_sigma)
+        members = []
+        for m in range(c.population_size):
+            k, i = divmod(m, c.members_per_subspace)
+            subspace = Subspace(partition_seed, c.num_subspaces, k)
+            if c.antithetic:
+                seed, sign = derive_seed("member", c.seed, step, k, i // 2), 1 - 2 * (i % 2)
+            else:
+                seed, sign = derive_seed("member", c.seed, step, m), 1
+            members.append(Perturbation(m, seed, subspace, sign, sigma_k))
+        return members
+
+    def coefficients(self, rewards: Sequence[float]) -> np.ndarray:
+        """r_hat_{k,i} / N_k for every member, in member order."""
+        c = self.config
+        r = np.asarray(rewards, dtype=np.float64)
+        if r.shape != (c.population_size,):
+            raise ValueError(f"expected {c.population_size} rewards, got shape {r.shape}")
+        if not np.all(np.isfinite(r)):
+            raise ValueError("rewards must be finite")
+        groups = (
+            [slice(None)]
+            if c.standardization == "joint"
+            else [
+                slice(k * c.members_per_subspace, (k + 1) * c.members_per_subspace)
+                for k in range(c.num_subspaces)
+            ]
+        )
+        z = np.zeros_like(r)
+        for group in groups:
+            values = centered_ranks(r[group]) if c.rank_shaping else r[group]
+            z[group] = standardize(values)
+        return z / c.members_per_subspace
+
+    def tell(
+        self,
+        step: int,
+        members: Sequence[Perturbation],
+        rewards: Sequence[float],
+        weights: WeightSpace,
+    ) -> np.ndarray:
+        """Apply the update of `step` to `weights`; returns the coefficients used."""
+        if weights.num_coordinates < self.config.num_subspaces:
+            raise ValueError(
+                f"K={self.config.num_subspaces} subspaces but only {weights.num_coordinates} "
+                "coordinates: every subspace needs at least one"
+            )
+        coefficients = self.coefficients(rewards)
+        weights.update(members, coefficients.tolist(), self.learning_rate_at(step))
+        self.step_count = step + 1
+        return coefficients
+
+    def replay(self, entries: Sequence[dict[str, Any]], weights: WeightSpace) -> None:
+        """Re-apply logged steps (their `step` and `rewards`) without any rollout."""
+        for entry in entries:
+            step = int(entry["step"])
+            self.tell(step, self.ask(step), entry["rewards"], weights)
+
+    # ------------------------------------------------------------------ one training step
+    def step(self, policy: Policy, rollout: RolloutFn) -> StepStats:
+        """Evaluate every member on the rollout's task batch, then update (one step)."""
+        from tqdm.auto import tqdm
+
+        step = self.step_count
+        weights = policy.weights()
+        members = self.ask(step)
+        stats = StepStats()
+        rewards, correct, weight_seconds = [], [], 0.0
+        for member in tqdm(members, desc=f"step {step} members", leave=False, disable=None):
+            start = time.perf_counter()
+            weights.perturb(member)
+            weight_seconds += time.perf_counter() - start
+            try:
+                batch = rollout(policy, member.member)
+            finally:
+                start = time.perf_counter()
+                weights.restore()
+                weight_seconds += time.perf_counter() - start
+            rewards.append(float(np.mean([t.reward for t in batch])) if batch else 0.0)
+            correct.append(float(np.mean([t.correct for t in batch])) if batch else 0.0)
+            stats.generation_seconds += batch.stats.generation_seconds
+            stats.env_seconds += batch.stats.env_seconds
+            stats.generated_tokens += batch.stats.generated_tokens
+        start = time.perf_counter()
+        self.tell(step, members, rewards, weights)
+        update_seconds = time.perf_counter() - start
+        stats.optimizer_seconds = weight_seconds + update_seconds
+        r = np.asarray(rewards)
+        k, nk = self.config.num_subspaces, self.config.members_per_subspace
+        stats.metrics = {
+            "reward_mean": float(r.mean()),
+            "reward_std": float(r.std()),
+            "reward_max": float(r.max()),
+            "accuracy": float(np.mean(correct)),
+            "sigma": self.sigma_at(step),
+            "learning_rate": self.learning_rate_at(step),
+            "perturb_restore_seconds": weight_seconds,
+            "update_seconds": update_seconds,
+            **{f"reward_subspace_{j}": float(r[j * nk : (j + 1) * nk].mean()) for j in range(k)},
+        }
+        stats.log = {"step": step, "rewards": rewards, "seeds": [m.seed for m in members]}
+        return stats
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        return {"algorithm": "copes", "config": asdict(self.config), "step_count": self.step_count}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        known = {f.name for f in fields(CoPESConfig)}
+        self.config = CoPESConfig(**{k: v for k, v in state["config"].items() if k in known})
+        self.step_count = int(state["step_count"])

@@ -1,0 +1,276 @@
+"""The weight-space engine of ES and CoPES: seeded noise, subspaces, backup/restore, update.
+
+Pure torch over a list of named tensors, so the same code runs inside a transformers model,
+a vLLM worker or a Ray actor. Nothing of size d is ever stored besides one master copy:
+
+- **Noise is regenerated from seeds.** The noise of a tensor is produced chunk by chunk, each
+  chunk from its own generator seeded by (member seed, tensor name, chunk index), so it is
+  i.i.d. across tensors, independent of tensor order, and peak extra memory is one chunk.
+- **Subspaces are a stratified random partition.** Inside every chunk a random permutation
+  (seeded by the step's partition seed) deals the coordinates to the K subspaces in turn,
+  continuing the deal across chunks, so the K subspaces are disjoint, cover every coordinate
+  and differ in size by at most one (exactly equal when K divides d). K = 1 is the full space
+  in natural order: ES is CoPES with K = 1, bit for bit.
+- **Restore copies from a master copy, never subtracts.** The master is fp32 (on CPU by
+  default), so restore is exact and updates of 1e-5 that bf16 weights would swallow
+  accumulate in the master; the working weights are the master cast to their dtype.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+DEFAULT_CHUNK_SIZE = 1 << 20  # coordinates per chunk: bounds the extra memory of every op
+
+
+@dataclass(frozen=True)
+class Subspace:
+    """Subspace `index` of the `num_subspaces`-way partition drawn from `partition_seed`."""
+
+    partition_seed: int
+    num_subspaces: int
+    index: int
+
+    def __post_init__(self) -> None:
+        if self.num_subspaces < 1:
+            raise ValueError(f"num_subspaces must be >= 1, got {self.num_subspaces}")
+        if not 0 <= self.index < self.num_subspaces:
+            raise ValueError(f"subspace index {self.index} not in [0, {self.num_subspaces})")
+
+
+FULL_SPACE = Subspace(partition_seed=0, num_subspaces=1, index=0)
+
+
+@dataclass(frozen=True)
+class Perturbation:
+    """One population member: noise `sign * sigma * eps(seed)` inside `subspace`."""
+
+    member: int
+    seed: int
+    subspace: Subspace = FULL_SPACE
+    sign: int = 1  # -1 for the mirrored half of an antithetic pair
+    sigma: float = 1e-3
+
+
+def derive_seed(*parts: object) -> int:
+    """A 63-bit seed from any parts, stable across processes and machines."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def _generator(device: torch.device, seed: int) -> torch.Generator:
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    return gen
+
+
+@dataclass
+class _Entry:
+    name: str
+    tensor: torch.Tensor  # the live parameter (working weights)
+    master: torch.Tensor  # fp32 copy on the backup device
+    offset: int  # coordinates of all earlier tensors
+
+
+class WeightSpace:
+    """The parameters ES perturbs, with their master copy.
+
+    Args:
+        named_tensors: (name, tensor) pairs; tensors are modified in place. Names must be
+            unique: they seed the noise, so use the Hugging Face parameter names.
+        chunk_size: coordinates processed at a time.
+        backup_device: where the fp32 master copy lives ("cpu" by default, as in the paper).
+    """
+
+    def __init__(
+        self,
+        named_tensors: Sequence[tuple[str, torch.Tensor]],
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        backup_device: str | torch.device = "cpu",
+    ) -> None:
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        names = [n for n, _ in named_tensors]
+        if len(set(names)) != len(names):
+            raise ValueError("tensor names must be unique: they seed the noise")
+        if not named_tensors:
+            raise ValueError("a WeightSpace needs at least one tensor")
+        self.chunk_size = chunk_size
+        self.backup_device = torch.device(backup_device)
+        self._entries: list[_Entry] = []
+        offset = 0
+        for name, tensor in named_tensors:
+            if not tensor.is_floating_point():
+                raise TypeError(f"tensor {name} is {tensor.dtype}; only floating tensors evolve")
+            master = tensor.detach().to(self.backup_device, torch.float32, copy=True)
+            self._entries.append(_Entry(name, tensor, master, offset))
+            offset += tensor.numel()
+        self.num_coordinates = offset
+
+    @classmethod
+    def from_module(cls, module: torch.nn.Module, **kwargs: object) -> WeightSpace:
+        """All floating parameters of `module` (tied weights once), by their HF names."""
+        params = [(n, p.data) for n, p in module.named_parameters() if p.is_floating_point()]
+        return cls(params, **kwargs)  # type: ignore[arg-type]
+
+    @property
+    def names(self) -> list[str]:
+        return [e.name for e in self._entries]
+
+    def named_tensors(self) -> list[tuple[str, torch.Tensor]]:
+        """The live (working) tensors by name."""
+        return [(e.name, e.tensor) for e in self._entries]
+
+    # ------------------------------------------------------------------ noise and subspaces
+    def _chunks(self, entry: _Entry) -> Iterator[tuple[int, int, int]]:
+        """(chunk index, start, end) over the flat tensor."""
+        n = entry.tensor.numel()
+        for index, start in enumerate(range(0, n, self.chunk_size)):
+            yield index, start, min(start + self.chunk_size, n)
+
+    def _positions(
+        self, entry: _Entry, chunk: int, start: int, end: int, subspace: Subspace
+    ) -> torch.Tensor | None:
+        """Positions (within the chunk) that belong to `subspace`; None means all of them."""
+        k = subspace.num_subspaces
+        if k == 1:
+            return None
+        device = entry.tensor.device
+        gen = _generator(
+            device, derive_seed("partition", subspace.partition_seed, entry.name, chunk)
+        )
+        order = torch.randperm(end - start, generator=gen, device=device)
+        first = (subspace.index - (entry.offset + start)) % k  # the deal continues across chunks
+        return order[first::k]
+
+    def _noise(
+        self, entry: _Entry, chunk: int, size: int, seed: int, device: torch.device
+    ) -> torch.Tensor:
+        gen = _generator(device, derive_seed("noise", seed, entry.name, chunk))
+        return torch.randn(size, generator=gen, device=device, dtype=torch.float32)
+
+    def subspace_sizes(self, partition_seed: int, num_subspaces: int) -> list[int]:
+        """Coordinates in each subspace (for checks and logs)."""
+        sizes = [0] * num_subspaces
+        for entry in self._entries:
+            for chunk, start, end in self._chunks(entry):
+                for k in range(num_subspaces):
+                    pos = self._positions(
+                        entry, chunk, start, end, Subspace(partition_seed, num_subspaces, k)
+                    )
+                    sizes[k] += end - start if pos is None else pos.numel()
+        return sizes
+
+    def subspace_mask(self, name: str, subspace: Subspace) -> torch.Tensor:
+        """Boolean mask (shape of tensor `name`) of the coordinates in `subspace`."""
+        entry = next(e for e in self._entries if e.name == name)
+        mask = torch.zeros(entry.tensor.numel(), dtype=torch.bool, device=entry.tensor.device)
+        for chunk, start, end in self._chunks(entry):
+            pos = self._positions(entry, chunk, start, end, subspace)
+            if pos is None:
+                mask[start:end] = True
+            else:
+                mask[start + pos] = True
+        return mask.view_as(entry.tensor)
+
+    # ------------------------------------------------------------------ in-place operations
+    @torch.no_grad()
+    def perturb(self, perturbation: Perturbation) -> None:
+        """Add `sign * sigma * eps` to the working weights inside the member's subspace.
+
+        Expects restored weights (call `restore()` between members).
+        """
+        scale = perturbation.sign * perturbation.sigma
+        for entry in self._entries:
+            flat = entry.tensor.view(-1)
+            for chunk, start, end in self._chunks(entry):
+                pos = self._positions(entry, chunk, start, end, perturbation.subspace)
+                if pos is None:
+                    eps = self._noise(entry, chunk, end - start, perturbation.seed, flat.device)
+                    view = flat[start:end]
+                    view.copy_((view.float() + scale * eps).to(view.dtype))
+                else:
+                    eps = self._noise(entry, chunk, pos.numel(), perturbation.seed, flat.device)
+                    index = start + pos
+                    flat[index] = (flat[index].float() + scale * eps).to(flat.dtype)
+
+    @torch.no_grad()
+    def restore(self) -> None:
+        """Working weights <- master (cast to their dtype): exact, no subtraction."""
+        for entry in self._entries:
+            flat, master = entry.tensor.view(-1), entry.master.view(-1)
+            for _, start, end in self._chunks(entry):  # chunked: no full-tensor staging copy
+                flat[start:end].copy_(master[start:end].to(flat.device, flat.dtype))
+
+    @torch.no_grad()
+    def update(
+        self,
+        perturbations: Sequence[Perturbation],
+        coefficients: Sequence[float],
+        learning_rate: float,
+    ) -> None:
+        """master += learning_rate * sum_m coefficients[m] * sign_m * eps_m (fp32), then
+        restore the working weights from the new master.
+
+        The per-member noise is regenerated chunk by chunk and accumulated in fp32 in member
+        order, so every replica computes bit-identical weights from seeds and coefficients.
+        """
+        if len(perturbations) != len(coefficients):
+            raise ValueError("one coefficient per perturbation is required")
+        for entry in self._entries:
+            device = entry.tensor.device
+            master = entry.master.view(-1)
+            for chunk, start, end in self._chunks(entry):
+                acc = torch.zeros(end - start, dtype=torch.float32, device=device)
+                for p, c in zip(perturbations, coefficients, strict=True):
+                    weight = float(c) * p.sign
+                    if weight == 0.0:
+                        continue
+                    pos = self._positions(entry, chunk, start, end, p.subspace)
+                    if pos is None:
+                        acc += weight * self._noise(entry, chunk, end - start, p.seed, device)
+                    else:
+                        acc[pos] += weight * self._noise(entry, chunk, pos.numel(), p.seed, device)
+                new = master[start:end].to(device) + learning_rate * acc
+                master[start:end] = new.to(master.device)
+        self.restore()
+
+    # ------------------------------------------------------------------ inspection
+    def checksum(self) -> str:
+        """sha256 over the master weights: equal on replicas that applied the same updates."""
+        digest = hashlib.sha256()
+        for entry in self._entries:
+            digest.update(entry.name.encode())
+            digest.update(entry.master.contiguous().view(torch.uint8).cpu().numpy().tobytes())
+        return digest.hexdigest()
+
+    def master_state(self) -> dict[str, torch.Tensor]:
+        """The fp32 master weights by name (views; copy before mutating)."""
+        return {e.name: e.master.view_as(e.tensor) for e in self._entries}
+
+    def load_master_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Replace the master weights (e.g. from a checkpoint) and restore."""
+        for entry in self._entries:
+            if entry.name not in state:
+                raise KeyError(f"state has no tensor {entry.name!r}")
+            entry.master.copy_(state[entry.name].reshape(entry.master.shape))
+        self.restore()
+
+    def sync_from_working(self) -> None:
+        """Master <- working weights, after something else (e.g. GRPO) changed them."""
+        for entry in self._entries:
+            entry.master.copy_(entry.tensor.detach().to(self.backup_device, torch.float32))
+
+    def memory_bytes(self) -> int:
+        """Bytes held by the master copy."""
+        return 4 * self.num_coordinates
+
+
+def sigma_for_subspaces(sigma: float, num_subspaces: int, scale: bool = True) -> float:
+    """sigma_k = sqrt(K) * sigma: a subspace perturbation with the full-space squared norm."""
+    return sigma * math.sqrt(num_subspaces) if scale else sigma
