@@ -1,0 +1,460 @@
+"""Theoretical GPU memory of one training step for ES, CoPES, GRPO and LoRA-GRPO.
+
+A closed-form model, not a measurement: it counts the tensors each optimizer must hold at its
+peak, in bytes, from the model's shape. `copes-train --dry-run` prints it, and
+`python -m copes.optimizers.memory --model qwen3-4b` prints the comparison table of
+docs/memory.md. Sources of the formulas:
+
+- Mixed-precision Adam: 16 bytes per trained parameter (2 bf16 weights + 2 bf16 gradients +
+  4 fp32 master + 4 + 4 fp32 Adam moments), Rajbhandari et al. 2020, "ZeRO: Memory
+  Optimizations Toward Training Trillion Parameter Models", Sec. 3.1.
+- Activations saved for backward: counted tensor by tensor in the way of Korthikanti et al.
+  2022, "Reducing Activation Recomputation in Large Transformer Models", Sec. 4.1 (their GPT
+  layer gives s*b*h*(34 + 5*a*s/h) bytes), redone for the Llama/Qwen layer (RMSNorm, GQA,
+  SwiGLU, no dropout) with FlashAttention (Dao et al. 2022), which stores no s x s matrix.
+- KV cache: keys and values of every layer, KV head, head dimension and token,
+  2 * layers * kv_heads * head_dim * tokens * dtype_bytes (Pope et al. 2022, "Efficiently
+  Scaling Transformer Inference", Sec. 2; Kwon et al. 2023, PagedAttention/vLLM).
+- LoRA: rank-r factors A (r x in) and B (out x r) per adapted linear, Hu et al. 2021.
+
+Not modeled: the CUDA context and kernels' workspaces (~0.5-1 GiB), allocator fragmentation,
+communication buffers, and the transient gradient tensors of the layer being back-propagated.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Literal
+
+GIB = 1 << 30
+OptimizerName = Literal["es", "copes", "grpo", "lora-grpo"]
+OPTIMIZERS: tuple[str, ...] = ("es", "copes", "grpo", "lora-grpo")
+_KNOWN_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The shapes of a decoder-only transformer that set its memory (Llama/Qwen layout).
+
+    `qk_norm` marks Qwen3's per-head RMSNorm on queries and keys (more saved activations).
+    """
+
+    num_parameters: int
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    qk_norm: bool = False
+
+    @classmethod
+    def from_config(cls, config: Any, num_parameters: int | None = None) -> ModelShape:
+        """From a transformers config (Llama, Qwen2, Qwen3); counts the parameters if not given.
+
+        Other Llama-style model types are accepted when `num_parameters` is given (as
+        `from_model` does). Hybrid models whose layers are not all full attention (sliding
+        window, linear attention as in Qwen3.5 / Qwen3-Next) are refused: their KV cache is not
+        `num_layers` full-length caches.
+        """
+        config = getattr(config, "text_config", None) or config
+        model_type = getattr(config, "model_type", "")
+        other_layers = sorted(set(getattr(config, "layer_types", None) or []) - {"full_attention"})
+        if other_layers or getattr(config, "use_sliding_window", False):
+            raise ValueError(
+                f"{model_type} config has {other_layers or 'sliding-window'} layers; the model "
+                "only covers decoders whose layers are all full attention"
+            )
+        heads = config.num_attention_heads
+        shape = cls(
+            num_parameters=0,
+            num_layers=config.num_hidden_layers,
+            hidden_size=config.hidden_size,
+            intermediate_size=config.intermediate_size,
+            num_attention_heads=heads,
+            num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+            head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
+            vocab_size=config.vocab_size,
+            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+            qk_norm=model_type == "qwen3",
+        )
+        if num_parameters is None:
+            if model_type not in _KNOWN_MODEL_TYPES:
+                raise ValueError(
+                    f"cannot count the parameters of model_type {model_type!r} (known: "
+                    f"{', '.join(_KNOWN_MODEL_TYPES)}); pass num_parameters= or use from_model"
+                )
+            num_parameters = _count_parameters(
+                shape,
+                qkv_bias=model_type == "qwen2" or bool(getattr(config, "attention_bias", False)),
+                o_bias=model_type != "qwen2" and bool(getattr(config, "attention_bias", False)),
+                mlp_bias=bool(getattr(config, "mlp_bias", False)),
+            )
+        return cls(**{**asdict(shape), "num_parameters": int(num_parameters)})
+
+    @classmethod
+    def from_model(cls, model: Any) -> ModelShape:
+        """From a transformers model: shapes from `model.config`, the parameter count from the
+        model itself (tied weights counted once)."""
+        return cls.from_config(
+            model.config, num_parameters=sum(p.numel() for p in model.parameters())
+        )
+
+
+def _count_parameters(shape: ModelShape, *, qkv_bias: bool, o_bias: bool, mlp_bias: bool) -> int:
+    """Parameters of a Llama/Qwen decoder, layer by layer as transformers builds it."""
+    h, i, d = shape.hidden_size, shape.intermediate_size, shape.head_dim
+    q, kv = shape.num_attention_heads * d, shape.num_kv_heads * d
+    attention = h * q + 2 * h * kv + q * h  # q, k, v, o projections
+    attention += (q + 2 * kv if qkv_bias else 0) + (h if o_bias else 0)
+    mlp = 3 * h * i + (2 * i + h if mlp_bias else 0)  # gate, up, down
+    norms = 2 * h + (2 * d if shape.qk_norm else 0)  # input/post-attention (+ q_norm, k_norm)
+    embeddings = shape.vocab_size * h * (1 if shape.tie_word_embeddings else 2)
+    return shape.num_layers * (attention + mlp + norms) + embeddings + h  # + final norm
+
+
+# Qwen3-4B, from its public config.json (huggingface.co/Qwen/Qwen3-4B). The paper trains
+# "Qwen3.5-4B"; Qwen3-4B is our stand-in (Qwen3.5 mixes linear-attention layers, see docs).
+_QWEN3_4B = ModelShape(
+    num_parameters=0,
+    num_layers=36,
+    hidden_size=2560,
+    intermediate_size=9728,
+    num_attention_heads=32,
+    num_kv_heads=8,
+    head_dim=128,
+    vocab_size=151936,
+    tie_word_embeddings=True,
+    qk_norm=True,
+)
+QWEN3_4B = ModelShape(
+    **{
+        **asdict(_QWEN3_4B),
+        "num_parameters": _count_parameters(
+            _QWEN3_4B, qkv_bias=False, o_bias=False, mlp_bias=False
+        ),
+    }
+)  # 4,022,468,096 parameters
+PRESETS: dict[str, ModelShape] = {"qwen3-4b": QWEN3_4B}
+
+
+# ---------------------------------------------------------------------------- the estimate
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Peak memory of one training step, in bytes, by component.
+
+    `total` is GPU memory; `host_master_weights` (CPU RAM) is reported but not in `total`.
+    For ES/CoPES `activations` and `logits` are the transient ones of generation.
+    """
+
+    optimizer: str
+    weights: int = 0
+    gradients: int = 0
+    optimizer_states: int = 0
+    master_weights: int = 0
+    activations: int = 0
+    logits: int = 0
+    kv_cache: int = 0
+    reference_model: int = 0
+    perturbation_workspace: int = 0
+    host_master_weights: int = 0
+
+    @property
+    def components(self) -> dict[str, int]:
+        """The GPU components by name."""
+        skip = {"optimizer", "host_master_weights"}
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
+
+    @property
+    def total(self) -> int:
+        return sum(self.components.values())
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "total": self.total}
+
+    def table(self) -> str:
+        """A human-readable breakdown in GiB."""
+        rows = [*self.components.items(), ("total (GPU)", self.total)]
+        rows.append(("host: master weights", self.host_master_weights))
+        width = max(len(name) for name, _ in rows)
+        lines = [f"{self.optimizer}: GiB"]
+        lines += [f"  {name:<{width}}  {value / GIB:10.3f}" for name, value in rows]
+        return "\n".join(lines)
+
+
+def kv_cache_bytes(shape: ModelShape, seq_len: int, batch_size: int, dtype_bytes: int = 2) -> int:
+    """Keys and values of `batch_size` sequences of `seq_len` tokens (Pope et al. 2022)."""
+    per_token = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * dtype_bytes
+    return per_token * seq_len * batch_size
+
+
+def layer_activation_bytes(
+    shape: ModelShape,
+    seq_len: int,
+    batch_size: int,
+    dtype_bytes: int = 2,
+    flash: bool = True,
+    fused_rmsnorm: bool = True,
+) -> int:
+    """What one decoder layer saves for backward, counted as in Korthikanti et al. 2022 Sec. 4.1.
+
+    Per token, in 16-bit: the two RMSNorm inputs (the residual stream before attention and
+    before the MLP), the normed inputs of the q/k/v and gate/up projections (4h); Q, K, V and the
+    attention output, which is o_proj's input (2*q + 2*kv); Qwen3's q_norm/k_norm inputs
+    (q + kv); SwiGLU's gate, silu(gate), up and their product, down_proj's input (4i). In fp32:
+    the RMSNorm 1/rms per row and FlashAttention's log-sum-exp per head. A fused RMSNorm saves
+    its input and 1/rms; transformers' eager RMSNorm (`fused_rmsnorm=False`) saves an fp32 copy
+    of its input and the normalized value before the weight instead: 4 more bytes per normed
+    element. Without FlashAttention the attention probabilities add a*s per token in 16-bit
+    (Korthikanti's 5as^2b term without the dropout mask and output: attention dropout is 0).
+    """
+    h, i = shape.hidden_size, shape.intermediate_size
+    q, kv = shape.num_attention_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+    elements = 4 * h + 2 * q + 2 * kv + 4 * i + (q + kv if shape.qk_norm else 0)
+    if not flash:
+        elements += shape.num_attention_heads * seq_len
+    fp32_rows = 2 + shape.num_attention_heads  # norm 1/rms, log-sum-exp
+    normed = 2 * h  # elements through an RMSNorm
+    if shape.qk_norm:
+        fp32_rows += shape.num_attention_heads + shape.num_kv_heads
+        normed += q + kv
+    unfused = 0 if fused_rmsnorm else 4 * normed
+    return seq_len * batch_size * (elements * dtype_bytes + 4 * fp32_rows + unfused)
+
+
+def lora_parameters(shape: ModelShape, rank: int) -> int:
+    """LoRA parameters r*(in + out) on all seven linears of every layer (q, k, v, o, gate, up,
+    down; PEFT's "all-linear" without lm_head), Hu et al. 2021."""
+    h, i = shape.hidden_size, shape.intermediate_size
+    q, kv = shape.num_attention_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+    per_layer = (h + q) + 2 * (h + kv) + (q + h) + 3 * (h + i)
+    return shape.num_layers * rank * per_layer
+
+
+def estimate_memory(
+    optimizer: OptimizerName,
+    shape: ModelShape,
+    *,
+    seq_len: int,
+    batch_size: int = 1,
+    dtype_bytes: int = 2,
+    gradient_checkpointing: bool = True,
+    flash_attention: bool = True,
+    fused_rmsnorm: bool = True,
+    lora_rank: int = 16,
+    chunk_size: int = 1 << 20,
+    kl_beta: float = 0.0,
+    master_on_gpu: bool = False,
+    rollout_batch_size: int | None = None,
+    colocated_rollout: bool = True,
+    kv_cache_dtype_bytes: int | None = None,
+    logits_chunk_tokens: int | None = None,
+    prefill_chunk_tokens: int = 8192,
+) -> MemoryEstimate:
+    """Peak GPU memory of one step of `optimizer` on sequences of `seq_len` tokens.
+
+    Args:
+        batch_size: sequences processed at once: GRPO's training micro-batch, ES's generation
+            batch (all sequences of one population member's evaluation, generated together).
+        dtype_bytes: bytes of the working weights, gradients and activations (2: bf16).
+        gradient_checkpointing: GRPO keeps each layer's input and recomputes one layer at a time.
+        flash_attention: no s x s attention matrix is stored (else it is, per layer).
+        fused_rmsnorm: False counts the fp32 copies transformers' eager RMSNorm saves.
+        lora_rank: r of LoRA-GRPO.
+        chunk_size: coordinates ES/CoPES perturb at a time (`copes.optimizers.perturb`).
+        kl_beta: GRPO's KL coefficient; > 0 keeps a frozen reference model (full GRPO only:
+            LoRA-GRPO's reference is the base model with the adapter switched off).
+        master_on_gpu: ES/CoPES keep the fp32 master on the GPU instead of in CPU RAM.
+        rollout_batch_size: sequences GRPO generates at once (default `batch_size`).
+        colocated_rollout: GRPO generates on the same GPU and its rollout KV cache stays
+            allocated while it trains (a vLLM engine reserves its pool up front). False:
+            rollouts run elsewhere.
+        kv_cache_dtype_bytes: bytes of a KV-cache entry (default `dtype_bytes`; 1 for fp8).
+        logits_chunk_tokens: GRPO's loss computes logits for this many tokens at a time (a
+            chunked / fused linear-cross-entropy); None materializes all of them.
+        prefill_chunk_tokens: tokens in one generation forward (chunked prefill).
+    """
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(
+            f"unknown optimizer {optimizer!r}; expected one of {', '.join(OPTIMIZERS)}"
+        )
+    for name, value in (("seq_len", seq_len), ("batch_size", batch_size), ("lora_rank", lora_rank)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    params, h, vocab = shape.num_parameters, shape.hidden_size, shape.vocab_size
+    kv_bytes = kv_cache_dtype_bytes or dtype_bytes
+
+    if optimizer in ("es", "copes"):
+        # Inference only: one perturbed model generates; nothing of size d but the weights.
+        # The population is evaluated member after member on the same weights, perturbed in
+        # place and restored from the fp32 master, so the peak does not grow with N or K.
+        # CoPES's subspace noise is regenerated chunk by chunk from seeds like ES's, so the two
+        # differ only by the int64 permutation that deals a chunk's coordinates to subspaces.
+        tokens = min(seq_len * batch_size, prefill_chunk_tokens)
+        # perturb/update temporaries per chunk coordinate: noise, fp32 upcast or accumulator,
+        # scaled noise, master slice (4 x fp32); CoPES adds the permutation and its index (int64)
+        workspace = chunk_size * (16 + (16 if optimizer == "copes" else 0))
+        return MemoryEstimate(
+            optimizer=optimizer,
+            weights=params * dtype_bytes,
+            master_weights=4 * params if master_on_gpu else 0,
+            host_master_weights=0 if master_on_gpu else 4 * params,
+            kv_cache=kv_cache_bytes(shape, seq_len, batch_size, kv_bytes),
+            # peak of one layer's forward over a prefill chunk, at the MLP: residual stream and
+            # normed input (2h), gate activation, up, their product (3i)
+            activations=tokens * (2 * h + 3 * shape.intermediate_size) * dtype_bytes,
+            logits=batch_size * vocab * 4,  # fp32 logits of the next token, for sampling
+            perturbation_workspace=workspace,
+        )
+
+    # GRPO and LoRA-GRPO: backprop through every layer, so the same activations and logits.
+    tokens = seq_len * batch_size
+    layer = layer_activation_bytes(
+        shape, seq_len, batch_size, dtype_bytes, flash_attention, fused_rmsnorm
+    )
+    if gradient_checkpointing:  # every layer's input, plus one layer recomputed in backward
+        activations = shape.num_layers * tokens * h * dtype_bytes + layer
+    else:
+        activations = shape.num_layers * layer
+    activations += 2 * tokens * h * dtype_bytes  # final-norm input and lm_head input
+    logit_tokens = tokens if logits_chunk_tokens is None else min(tokens, logits_chunk_tokens)
+    logits = logit_tokens * vocab * (4 + 4)  # fp32 logits + fp32 log-softmax saved for backward
+    rollout = rollout_batch_size or batch_size
+    kv_cache = kv_cache_bytes(shape, seq_len, rollout, kv_bytes) if colocated_rollout else 0
+
+    if optimizer == "grpo":  # ZeRO's 16 bytes per parameter (Rajbhandari et al. 2020)
+        return MemoryEstimate(
+            optimizer=optimizer,
+            weights=params * dtype_bytes,
+            gradients=params * dtype_bytes,
+            master_weights=4 * params,
+            optimizer_states=8 * params,  # Adam m and v in fp32
+            activations=activations,
+            logits=logits,
+            kv_cache=kv_cache,
+            reference_model=params * dtype_bytes if kl_beta > 0 else 0,
+        )
+    adapters = lora_parameters(shape, lora_rank)  # trained in mixed precision, 16 bytes each
+    return MemoryEstimate(
+        optimizer=optimizer,
+        weights=(params + adapters) * dtype_bytes,
+        gradients=adapters * dtype_bytes,
+        master_weights=4 * adapters,
+        optimizer_states=8 * adapters,
+        activations=activations,
+        logits=logits,
+        kv_cache=kv_cache,
+    )
+
+
+def compare_optimizers(
+    shape: ModelShape,
+    seq_len: int,
+    *,
+    batch_size: int = 1,
+    generation_batch_size: int | None = None,
+    **kwargs: Any,
+) -> dict[str, MemoryEstimate]:
+    """The estimate of every optimizer for the same workload.
+
+    `batch_size` is GRPO's training micro-batch; `generation_batch_size` (default
+    `batch_size`) is the sequences generated at once: ES/CoPES's batch and GRPO's rollout batch.
+    Other `kwargs` go to `estimate_memory`.
+    """
+    generation = generation_batch_size or batch_size
+    estimates = {}
+    for name in OPTIMIZERS:
+        grpo = name in ("grpo", "lora-grpo")
+        estimates[name] = estimate_memory(
+            name,  # type: ignore[arg-type]
+            shape,
+            seq_len=seq_len,
+            batch_size=batch_size if grpo else generation,
+            rollout_batch_size=generation if grpo else None,
+            **kwargs,
+        )
+    return estimates
+
+
+def memory_table(
+    shape: ModelShape, seq_lens: Sequence[int] = (8192, 32768, 131072), **kwargs: Any
+) -> list[dict[str, Any]]:
+    """Total GPU bytes of every optimizer per context length, and the ratio GRPO / CoPES.
+
+    `kwargs` go to `compare_optimizers` (batch_size, generation_batch_size, ...).
+    """
+    rows = []
+    for seq_len in seq_lens:
+        totals = {n: e.total for n, e in compare_optimizers(shape, seq_len, **kwargs).items()}
+        rows.append({"seq_len": seq_len, **totals, "grpo/copes": totals["grpo"] / totals["copes"]})
+    return rows
+
+
+def format_memory_table(rows: Sequence[dict[str, Any]]) -> str:
+    """`memory_table` rows as a markdown table in GiB."""
+    header = "| context | " + " | ".join(f"{n} (GiB)" for n in OPTIMIZERS) + " | GRPO / CoPES |"
+    lines = [header, "|" + "---:|" * (len(OPTIMIZERS) + 2)]
+    for row in rows:
+        cells = [f"{row[n] / GIB:.1f}" for n in OPTIMIZERS]
+        lines.append(
+            f"| {row['seq_len']:,} | " + " | ".join(cells) + f" | {row['grpo/copes']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def _load_shape(model: str) -> ModelShape:
+    if model.lower() in PRESETS:
+        return PRESETS[model.lower()]
+    from transformers import AutoConfig
+
+    return ModelShape.from_config(AutoConfig.from_pretrained(model))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="qwen3-4b", help="a preset (qwen3-4b) or HF config path")
+    parser.add_argument("--seq-lens", type=int, nargs="+", default=[8192, 32768, 131072])
+    parser.add_argument("--batch-size", type=int, default=1, help="GRPO training micro-batch")
+    parser.add_argument(
+        "--generation-batch-size", type=int, default=None, help="ES/CoPES and GRPO rollouts"
+    )
+    parser.add_argument("--kl-beta", type=float, default=0.0)
+    parser.add_argument("--lora-rank", type=int, default=16)
+    parser.add_argument("--no-gradient-checkpointing", action="store_true")
+    parser.add_argument("--eager-attention", action="store_true", help="no FlashAttention")
+    parser.add_argument("--unfused-rmsnorm", action="store_true", help="transformers' eager")
+    parser.add_argument("--kv-cache-dtype-bytes", type=int, default=None, help="1 for fp8")
+    parser.add_argument("--logits-chunk-tokens", type=int, default=None)
+    parser.add_argument("--breakdown", action="store_true", help="components at the last length")
+    args = parser.parse_args(argv)
+    shape = _load_shape(args.model)
+    kwargs: dict[str, Any] = dict(
+        kl_beta=args.kl_beta,
+        lora_rank=args.lora_rank,
+        gradient_checkpointing=not args.no_gradient_checkpointing,
+        flash_attention=not args.eager_attention,
+        fused_rmsnorm=not args.unfused_rmsnorm,
+        kv_cache_dtype_bytes=args.kv_cache_dtype_bytes,
+        logits_chunk_tokens=args.logits_chunk_tokens,
+    )
+    kwargs |= dict(batch_size=args.batch_size, generation_batch_size=args.generation_batch_size)
+    out = [
+        f"{args.model}: {shape.num_parameters:,} parameters; GRPO micro-batch {args.batch_size}, "
+        f"generation batch {args.generation_batch_size or args.batch_size}",
+        "",
+        format_memory_table(memory_table(shape, args.seq_lens, **kwargs)),
+    ]
+    if args.breakdown:
+        seq_len = args.seq_lens[-1]
+        out += ["", f"Components at {seq_len:,} tokens:", "", "```"]
+        out += [e.table() for e in compare_optimizers(shape, seq_len, **kwargs).values()]
+        out.append("```")
+    print("\n".join(out))
+
+
+if __name__ == "__main__":
+    main()
