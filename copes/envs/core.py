@@ -58,8 +58,12 @@ class UnicodeText(gym.spaces.Space[str]):
 
 
 def default_instructions(task: Task, tools: Sequence[Tool], call_format: CallFormat) -> str:
-    """The first user message: the question, then how to call tools and answer."""
-    lines = [task.question.strip(), ""]
+    """The first user message: how to call tools and answer, then the question.
+
+    The question comes last, next to where the agent starts writing: small models copy
+    numbers and names from it far more easily there.
+    """
+    lines = []
     if call_format == "tags":
         lines.append("Tools (one call per turn, then wait for the result):")
         for t in tools:
@@ -67,6 +71,7 @@ def default_instructions(task: Task, tools: Sequence[Tool], call_format: CallFor
     else:
         lines.append("Use the tools when they help (one call per turn).")
     lines.append("Give the final answer as <answer>...</answer>.")
+    lines += ["", f"Question: {task.question.strip()}"]
     return "\n".join(lines)
 
 

@@ -49,7 +49,7 @@ def test_check_env_passes():
 def test_full_episode_tool_then_correct_answer():
     env = make_env()
     obs, info = env.reset(seed=0, options={"task_id": "t3"})
-    assert obs.startswith("Reverse the word w3ord.")
+    assert obs.endswith("Question: Reverse the word w3ord.")
     assert "<reverse>...</reverse>" in obs and "<answer>" in obs
     assert info["messages"] == [{"role": "user", "content": obs}]
     assert info["tools"][0]["function"]["name"] == "reverse"

@@ -124,7 +124,10 @@ def test_hermes_ignores_tag_style_calls(hermes):
         ('<tool_call>{"name": "rm", "arguments": {}}</tool_call>', "unknown tool 'rm'"),
         ('<tool_call>{"name": "python", "arguments": 3}</tool_call>', "JSON object"),
         ('<tool_call>{"name": "python", "arguments": {}}</tool_call>', "missing required"),
-        ('<tool_call>{"name": "python", "arguments": {"code": "1", "x": 2}}</tool_call>', "unknown"),  # noqa: E501
+        (
+            '<tool_call>{"name": "python", "arguments": {"code": "1", "x": 2}}</tool_call>',
+            "unknown",
+        ),
         ('<tool_call>{"name": "python"', "never closed"),
     ],
 )

@@ -1,0 +1,100 @@
+"""The policy interface every optimizer drives and every evaluation samples from.
+
+A policy turns token-id prompts into sampled continuations (with their log-probs) and
+exposes its weights to the optimizers. Conversations are turned into token ids by the
+policy's `ChatFormat` (copes.agents.chat), so multi-turn rollouts can grow one token
+sequence turn by turn and never re-encode what the model generated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from copes.agents.chat import ChatFormat
+    from copes.optimizers.perturb import WeightSpace
+
+FinishReason = Literal["stop", "eos", "length"]
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How to sample one turn.
+
+    Attributes:
+        max_new_tokens: longest turn, in tokens.
+        temperature: 0 means greedy decoding (ES evaluates rewards greedily, Qiu et al.).
+        top_p, top_k: nucleus / top-k filtering (1.0 / 0 disable them).
+        stop: strings that end the turn (the end of a tool call or answer); kept in the text.
+        seed: makes sampling reproducible; None draws from the global generator.
+    """
+
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class Generation:
+    """One sampled turn.
+
+    `token_ids` are exactly the ids the model produced (an end-of-turn token included when it
+    produced one); `logprobs[i]` is log p(token_ids[i] | prompt, token_ids[:i]) under the
+    model's own distribution (temperature 1, no filtering), the quantity GRPO's ratio uses.
+    """
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+    prompt_token_ids: list[int] = field(default_factory=list)
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """What optimizers, rollouts and evaluations need from a model backend."""
+
+    chat: ChatFormat  # conversation <-> token ids, with the model's chat template
+
+    def generate_ids(
+        self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig
+    ) -> list[Generation]:
+        """Continue each token-id prompt once; one batched call."""
+        ...
+
+    def generate(
+        self,
+        conversations: Sequence[Sequence[dict[str, Any]]],
+        sampling: SamplingConfig,
+        tools: Sequence[dict[str, Any]] | None = None,
+    ) -> list[Generation]:
+        """Continue each conversation with one assistant turn (chat template applied)."""
+        ...
+
+    def weights(self) -> WeightSpace:
+        """The parameters ES/CoPES perturb, wherever the backend keeps them."""
+        ...
+
+    @property
+    def max_context(self) -> int:
+        """Longest token sequence (prompt + generation) the model accepts."""
+        ...

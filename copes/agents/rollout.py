@@ -1,0 +1,213 @@
+"""Batched multi-turn rollouts: many episodes at once, one `generate` call per turn.
+
+Every turn, all unfinished episodes are generated together; their turns are stepped in
+their environments in parallel threads (tool calls run in sandbox processes or release the
+GIL, so a slow call costs at most its own timeout); finished episodes drop out. Each
+episode keeps one growing token sequence with a mask of the tokens the model generated, so
+GRPO trains on exactly the sampled ids and ES needs only the rewards.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+import gymnasium as gym
+
+from copes.agents.policy import Generation, Policy, SamplingConfig
+
+logger = logging.getLogger(__name__)
+
+EndReason = Literal["answer", "max_turns", "context", "invalid"]
+
+# Where the turn of a tool call or an answer ends, in the tags format: stop there.
+TAG_STOPS = ("</python>", "</search>", "</answer>")
+HERMES_STOPS = ("</tool_call>", "</answer>")
+
+
+def stop_strings_for(env: gym.Env) -> tuple[str, ...]:
+    """The stop strings that end a turn in `env`'s call format (one action per turn)."""
+    base = env.unwrapped
+    if getattr(base, "call_format", "tags") == "hermes":
+        return HERMES_STOPS
+    names = getattr(base, "tools", {})
+    return (*(f"</{name}>" for name in names), "</answer>")
+
+
+@dataclass
+class Trajectory:
+    """One finished episode.
+
+    `token_ids` is the whole sequence (prompt, generated turns, tool outputs, ...);
+    `generated_mask[i]` is 1 where the model generated token i (only those are trained on);
+    `logprobs[i]` is the sampling-time log-prob of token i (0.0 where the mask is 0).
+    """
+
+    task_id: str
+    messages: list[dict[str, Any]]
+    token_ids: list[int]
+    generated_mask: list[int]
+    logprobs: list[float]
+    prompt_length: int
+    reward: float = 0.0
+    correct: bool = False
+    grade: dict[str, Any] = field(default_factory=dict)
+    turns: int = 0
+    tool_calls: int = 0
+    end_reason: EndReason = "max_turns"
+
+    @property
+    def num_generated_tokens(self) -> int:
+        return sum(self.generated_mask)
+
+
+@dataclass
+class RolloutStats:
+    """Where the time of a rollout went, and how much was generated."""
+
+    generation_seconds: float = 0.0
+    env_seconds: float = 0.0  # tool calls and grading, wall time of the parallel steps
+    generated_tokens: int = 0
+    generate_calls: int = 0
+
+
+class RolloutBatch(list):
+    """A list of `Trajectory` with the `RolloutStats` of the rollout that made it."""
+
+    def __init__(self, trajectories: Sequence[Trajectory], stats: RolloutStats) -> None:
+        super().__init__(trajectories)
+        self.stats = stats
+
+
+@dataclass
+class _Episode:
+    env: gym.Env
+    trajectory: Trajectory
+    tools: list[dict[str, Any]] | None
+    done: bool = False
+
+
+def _start(policy: Policy, env: gym.Env, seed: int | None, options: dict | None) -> _Episode:
+    _, info = env.reset(seed=seed, options=options)
+    hermes = getattr(env.unwrapped, "call_format", "tags") == "hermes"
+    tools = info.get("tools") if hermes else None
+    prompt = policy.chat.encode_prompt(info["messages"], tools)
+    trajectory = Trajectory(
+        task_id=info["task_id"],
+        messages=info["messages"],
+        token_ids=list(prompt),
+        generated_mask=[0] * len(prompt),
+        logprobs=[0.0] * len(prompt),
+        prompt_length=len(prompt),
+    )
+    return _Episode(env, trajectory, tools)
+
+
+def _step(policy: Policy, episode: _Episode, generation: Generation) -> None:
+    """Feed one generated turn to the episode's env and extend its token sequence."""
+    traj = episode.trajectory
+    traj.token_ids.extend(generation.token_ids)
+    traj.generated_mask.extend([1] * len(generation.token_ids))
+    traj.logprobs.extend(generation.logprobs)
+    _, reward, terminated, truncated, info = episode.env.step(generation.text)
+    traj.turns = info["turn"]
+    traj.tool_calls = info["tool_calls"]
+    traj.messages = info["messages"]
+    traj.reward += float(reward)
+    if terminated or truncated:
+        episode.done = True
+        traj.correct = bool(info.get("correct", False))
+        traj.grade = info.get("grade", {})
+        reason = info.get("end_reason", "max_turns")
+        if reason == "max_turns" and info.get("action") == "invalid":
+            reason = "invalid"
+        traj.end_reason = reason
+        return
+    # The messages the env added after the assistant turn (tool output or feedback).
+    new_messages = _messages_after_last_assistant(info["messages"])
+    tail = policy.chat.tokenizer.decode(generation.token_ids[-4:], skip_special_tokens=False)
+    continuation = policy.chat.encode_continuation(new_messages, episode.tools, tail)
+    traj.token_ids.extend(continuation)
+    traj.generated_mask.extend([0] * len(continuation))
+    traj.logprobs.extend([0.0] * len(continuation))
+
+
+def _messages_after_last_assistant(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    for i in range(len(messages) - 1, -1, -1):
+        if messages[i]["role"] == "assistant":
+            return messages[i + 1 :]
+    return []
+
+
+def _end_for_context(episode: _Episode) -> None:
+    """The next turn would not fit the model's context: end cleanly with reward 0."""
+    episode.done = True
+    episode.trajectory.end_reason = "context"
+    episode.trajectory.reward = 0.0
+    episode.trajectory.correct = False
+
+
+def rollout(
+    policy: Policy,
+    envs: Sequence[gym.Env],
+    sampling: SamplingConfig,
+    *,
+    seeds: Sequence[int | None] | None = None,
+    options: Sequence[dict[str, Any] | None] | None = None,
+    max_context: int | None = None,
+    tool_threads: int = 16,
+) -> RolloutBatch:
+    """Run one episode in each env to the end; return their trajectories (in env order).
+
+    Args:
+        policy: the model backend.
+        envs: one environment per episode (each is reset here).
+        sampling: sampling of every turn; its stop strings default to the env's call format,
+            and its seed (if any) is varied per turn so turns are not correlated.
+        seeds / options: passed to each env's `reset` (e.g. ``{"task": task}``).
+        max_context: tokens an episode may use in all; default: the policy's context.
+        tool_threads: threads stepping environments (tool calls) in parallel.
+    """
+    if not envs:
+        return RolloutBatch([], RolloutStats())
+    seeds = list(seeds) if seeds is not None else [None] * len(envs)
+    options = list(options) if options is not None else [None] * len(envs)
+    if len(seeds) != len(envs) or len(options) != len(envs):
+        raise ValueError("seeds and options must have one entry per env")
+    limit = max_context or policy.max_context
+    if not sampling.stop:
+        sampling = replace(sampling, stop=stop_strings_for(envs[0]))
+    stats = RolloutStats()
+    episodes = [_start(policy, env, s, o) for env, s, o in zip(envs, seeds, options, strict=True)]
+    turn = 0
+    with ThreadPoolExecutor(max_workers=max(1, min(tool_threads, len(envs)))) as pool:
+        while True:
+            active = [e for e in episodes if not e.done]
+            for episode in active:
+                if len(episode.trajectory.token_ids) + sampling.max_new_tokens > limit:
+                    _end_for_context(episode)
+            active = [e for e in active if not e.done]
+            if not active:
+                break
+            turn_sampling = sampling
+            if sampling.seed is not None:
+                turn_sampling = replace(sampling, seed=sampling.seed + 1_000_003 * turn)
+            start = time.perf_counter()
+            generations = policy.generate_ids(
+                [e.trajectory.token_ids for e in active], turn_sampling
+            )
+            stats.generation_seconds += time.perf_counter() - start
+            stats.generate_calls += 1
+            stats.generated_tokens += sum(len(g.token_ids) for g in generations)
+            start = time.perf_counter()
+            list(pool.map(lambda pair: _step(policy, *pair), zip(active, generations, strict=True)))
+            stats.env_seconds += time.perf_counter() - start
+            for episode in active:
+                if not episode.done and len(episode.trajectory.token_ids) >= limit:
+                    _end_for_context(episode)
+            turn += 1
+    return RolloutBatch([e.trajectory for e in episodes], stats)

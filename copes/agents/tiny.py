@@ -1,0 +1,402 @@
+"""The embedded default agent: a few-million-parameter Qwen2 model built offline.
+
+No weights can be downloaded on many machines, yet a new user should see the whole system
+work in minutes on a CPU. So copes builds its own small tool-using agent, deterministically:
+
+1. a scripted expert (`copes.agents.scripted`) acts in the real synthetic ToolMath and ToolQA
+   environments (real sandboxed Python, real BM25 search), making deliberate mistakes in a
+   fraction of episodes;
+2. a byte-level BPE tokenizer (digits one per token, tool tags as single tokens, a ChatML
+   chat template) is trained on those transcripts and the synthetic task text;
+3. a Qwen2-architecture causal LM is initialised from a config and fine-tuned on the expert's
+   turns for a fixed, short budget, so it knows the format but is far from perfect;
+4. the result is saved as a normal Hugging Face folder, loadable by transformers and vLLM.
+
+`ensure_tiny_agent()` builds it once into a cache folder and reuses it afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+FORMAT_VERSION = 2  # bump whenever the recipe changes: it renames the cache folder
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+TAG_TOKENS = [
+    "<python>", "</python>", "<search>", "</search>", "<answer>", "</answer>",
+    "<tool_call>", "</tool_call>",
+]  # fmt: skip
+
+# ChatML, as Qwen uses it; tool schemas (for the hermes format) go in a system message.
+CHAT_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\nTools:{% for t in tools %}\n{{ t | tojson }}{% endfor %}"
+    "<|im_end|>\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class TinyAgentConfig:
+    """Everything that determines the tiny agent; its hash names the cache folder."""
+
+    seed: int = 0
+    vocab_size: int = 1024
+    hidden_size: int = 192
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 512
+    max_context: int = 1024
+    math_transcripts: int = 1500
+    qa_transcripts: int = 1500
+    mistake_rate: float = 0.25
+    sft_steps: int = 300
+    batch_size: int = 16
+    learning_rate: float = 2e-3
+    warmup_steps: int = 30
+    # Loss weight of the tokens the agent does not write (prompt, tool outputs). Predicting
+    # them too (names repeat across passages, numbers across code and outputs) teaches the
+    # copying the agent needs much sooner than its own few tokens alone.
+    context_loss_weight: float = 0.0
+    split_digits: bool = True
+
+    def fingerprint(self) -> str:
+        import hashlib
+
+        blob = json.dumps({**asdict(self), "format": FORMAT_VERSION}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:10]
+
+
+def default_cache_dir() -> Path:
+    """`$COPES_CACHE` or `~/.cache/copes`."""
+    return Path(os.environ.get("COPES_CACHE", Path.home() / ".cache" / "copes"))
+
+
+# ---------------------------------------------------------------------- transcripts
+def collect_transcripts(
+    config: TinyAgentConfig, progress: bool = True
+) -> list[list[dict[str, Any]]]:
+    """Conversations of the scripted expert acting in the real synthetic environments."""
+    from tqdm.auto import tqdm
+
+    from copes.agents.scripted import ScriptedExpert
+    from copes.envs.presets import tool_math_env, tool_qa_env
+    from copes.envs.tasks.synthetic import synthetic_math_tasks, synthetic_qa_tasks
+
+    expert = ScriptedExpert(mistake_rate=config.mistake_rate, seed=config.seed)
+    jobs = [
+        (tool_math_env, synthetic_math_tasks("train", config.math_transcripts, seed=config.seed)),
+        (tool_qa_env, synthetic_qa_tasks("train", config.qa_transcripts, seed=config.seed)),
+    ]
+    conversations = []
+    bar = tqdm(total=sum(len(t) for _, t in jobs), desc="expert transcripts", disable=not progress)
+    for make_env, tasks in jobs:
+        env = make_env(tasks=tasks)
+        try:
+            for task in tasks:
+                _, info = env.reset(options={"task": task})
+                done = False
+                while not done:
+                    turn = expert.act(task, info["messages"])
+                    _, _, terminated, truncated, info = env.step(turn)
+                    done = terminated or truncated
+                conversations.append(info["messages"])
+                bar.update()
+        finally:
+            env.close()
+    bar.close()
+    random.Random(config.seed).shuffle(conversations)
+    return conversations
+
+
+# ---------------------------------------------------------------------- tokenizer
+def train_tokenizer(texts: Iterable[str], vocab_size: int, split_digits: bool = True) -> Any:
+    """Byte-level BPE (digits one per token unless `split_digits` is off), ChatML specials
+    and the tool tags as single tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    core = Tokenizer(models.BPE())
+    steps = [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
+    if split_digits:
+        steps.insert(0, pre_tokenizers.Digits(individual_digits=True))
+    core.pre_tokenizer = pre_tokenizers.Sequence(steps)
+    core.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    core.train_from_iterator(texts, trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+        unk_token=None,
+        additional_special_tokens=["<|im_start|>"],
+        clean_up_tokenization_spaces=False,
+    )
+    tokenizer.add_tokens(TAG_TOKENS)  # ordinary tokens: they survive skip_special_tokens
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.model_max_length = 1 << 20
+    return tokenizer
+
+
+# ---------------------------------------------------------------------- model
+def build_model(tokenizer: Any, config: TinyAgentConfig) -> Any:
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(config.seed)
+    model_config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_layers,
+        num_attention_heads=config.num_heads,
+        num_key_value_heads=config.num_kv_heads,
+        max_position_embeddings=config.max_context,
+        tie_word_embeddings=True,
+        rope_theta=10000.0,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model = Qwen2ForCausalLM(model_config)
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+    )
+    return model
+
+
+def encode_transcript(chat: Any, messages: Sequence[dict[str, Any]]) -> tuple[list[int], list[int]]:
+    """Token ids of a conversation and a mask of the assistant's tokens (its targets).
+
+    Built exactly as a rollout builds its sequence (`ChatFormat`), so training and sampling
+    see the same tokens; each assistant turn's end-of-turn token is a target too.
+    """
+    first = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
+    ids = chat.encode_prompt(messages[:first])
+    mask = [0] * len(ids)
+    end_of_turn = chat.tokenizer.eos_token
+    i = first
+    while i < len(messages):
+        turn = [*chat.encode_text(messages[i]["content"]), chat.tokenizer.eos_token_id]
+        ids += turn
+        mask += [1] * len(turn)
+        j = i + 1
+        while j < len(messages) and messages[j]["role"] != "assistant":
+            j += 1
+        if j > i + 1:
+            following = chat.encode_continuation(messages[i + 1 : j], None, end_of_turn)
+            ids += following
+            mask += [0] * len(following)
+        i = j
+    return ids, mask
+
+
+def _length_grouped_batches(
+    examples: Sequence[tuple[list[int], list[int]]], batch_size: int, rng: random.Random
+) -> list[list[int]]:
+    """One epoch of batches, each of similar lengths (little padding), in random order."""
+    order = rng.sample(range(len(examples)), len(examples))
+    window = batch_size * 16
+    batches = []
+    for start in range(0, len(order), window):
+        group = sorted(order[start : start + window], key=lambda i: len(examples[i][0]))
+        batches += [group[i : i + batch_size] for i in range(0, len(group), batch_size)]
+    batches = [b for b in batches if len(b) == batch_size] or batches
+    rng.shuffle(batches)
+    return batches
+
+
+def supervised_finetune(
+    model: Any,
+    examples: Sequence[tuple[list[int], list[int]]],
+    config: TinyAgentConfig,
+    pad_id: int,
+    progress: bool = True,
+) -> list[float]:
+    """A short SFT on the assistant tokens; returns the loss curve."""
+    from tqdm.auto import tqdm
+
+    rng = random.Random(config.seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=0.01)
+
+    def lr_at(step: int) -> float:
+        if step < config.warmup_steps:
+            return (step + 1) / config.warmup_steps
+        progress_ = (step - config.warmup_steps) / max(1, config.sft_steps - config.warmup_steps)
+        return 0.1 + 0.9 * 0.5 * (1 + torch.cos(torch.tensor(progress_ * torch.pi)).item())
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_at)
+    model.train()
+    losses = []
+    batches: list[list[int]] = []
+    bar = tqdm(range(config.sft_steps), desc="warm-start SFT", disable=not progress)
+    for _ in bar:
+        if not batches:
+            batches = _length_grouped_batches(examples, config.batch_size, rng)
+        batch = [examples[i] for i in batches.pop()]
+        width = min(max(len(ids) for ids, _ in batch), config.max_context)
+        input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+        weights = torch.zeros((len(batch), width))
+        attention = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, (ids, mask) in enumerate(batch):
+            ids, mask = ids[:width], mask[:width]
+            input_ids[row, : len(ids)] = torch.tensor(ids)
+            attention[row, : len(ids)] = 1
+            is_turn = torch.tensor(mask, dtype=torch.float32)
+            weights[row, : len(ids)] = is_turn + config.context_loss_weight * (1 - is_turn)
+        logits = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1].float()
+        token_loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), input_ids[:, 1:].reshape(-1), reduction="none"
+        ).view(len(batch), -1)
+        w = weights[:, 1:]
+        loss = (token_loss * w).sum() / w.sum()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        bar.set_postfix(loss=f"{loss.item():.3f}")
+    model.eval()
+    return losses
+
+
+# ---------------------------------------------------------------------- evaluation
+def validation_accuracy(
+    policy: Any, kind: str, n: int = 64, seed: int = 0, temperature: float = 0.0
+) -> float:
+    """Fraction of synthetic validation tasks answered correctly (greedy by default)."""
+    from copes.agents.policy import SamplingConfig
+    from copes.agents.rollout import rollout
+    from copes.envs.presets import tool_math_env, tool_qa_env
+    from copes.envs.tasks.synthetic import synthetic_math_tasks, synthetic_qa_tasks
+
+    if kind == "math":
+        tasks, make_env = synthetic_math_tasks("validation", n, seed=seed), tool_math_env
+    else:
+        tasks, make_env = synthetic_qa_tasks("validation", n, seed=seed), tool_qa_env
+    envs = [make_env(tasks=[t]) for t in tasks]
+    try:
+        sampling = SamplingConfig(max_new_tokens=96, temperature=temperature, seed=seed)
+        trajectories = rollout(policy, envs, sampling)
+    finally:
+        for env in envs:
+            env.close()
+    return sum(t.correct for t in trajectories) / len(trajectories)
+
+
+# ---------------------------------------------------------------------- build
+def build_tiny_agent(
+    out_dir: str | Path, config: TinyAgentConfig | None = None, progress: bool = True
+) -> dict[str, Any]:
+    """Build the agent into `out_dir` (replaced atomically); return the build report."""
+    from copes.agents.chat import ChatFormat
+    from copes.agents.hf import HFPolicy
+    from copes.envs.tasks.synthetic import synthetic_corpus_text
+
+    config = config or TinyAgentConfig()
+    out_dir = Path(out_dir)
+    start = time.perf_counter()
+    torch.manual_seed(config.seed)
+    conversations = collect_transcripts(config, progress)
+    rendered = ["\n".join(m["content"] for m in c) for c in conversations]
+    corpus = [*rendered, *synthetic_corpus_text(2000, seed=config.seed)]
+    tokenizer = train_tokenizer(corpus, config.vocab_size, config.split_digits)
+    chat = ChatFormat(tokenizer)
+    examples = [encode_transcript(chat, c) for c in conversations]
+    model = build_model(tokenizer, config)
+    losses = supervised_finetune(model, examples, config, tokenizer.pad_token_id, progress)
+    policy = HFPolicy(model, tokenizer)
+    accuracy = {
+        "math": validation_accuracy(policy, "math", seed=config.seed),
+        "qa": validation_accuracy(policy, "qa", seed=config.seed),
+    }
+    report = {
+        "config": asdict(config),
+        "fingerprint": config.fingerprint(),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "vocab_size": len(tokenizer),
+        "transcripts": len(conversations),
+        "sft_final_loss": sum(losses[-20:]) / len(losses[-20:]),
+        "validation_accuracy_greedy_64": accuracy,
+        "build_seconds": round(time.perf_counter() - start, 1),
+        "torch": torch.__version__,
+    }
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".tiny-build-", dir=out_dir.parent))
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        (staging / "copes_tiny.json").write_text(json.dumps(report, indent=2))
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.replace(staging, out_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    logger.info("tiny agent built in %.0f s: %s", report["build_seconds"], accuracy)
+    return report
+
+
+def ensure_tiny_agent(
+    cache_dir: str | Path | None = None,
+    config: TinyAgentConfig | None = None,
+    rebuild: bool = False,
+    progress: bool = True,
+) -> Path:
+    """The tiny agent's folder, building it first if it is missing (or `rebuild`)."""
+    import fcntl
+
+    config = config or TinyAgentConfig()
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    target = root / f"tiny-agent-{config.fingerprint()}"
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".tiny-agent.lock", "w") as lock:  # one builder at a time
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if rebuild or not (target / "copes_tiny.json").exists():
+            logger.info("building the tiny agent into %s (once; a few minutes)", target)
+            build_tiny_agent(target, config, progress)
+    return target
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Build (or locate) the embedded tiny agent.")
+    parser.add_argument("--cache-dir", default=None, help="default: $COPES_CACHE or ~/.cache/copes")
+    parser.add_argument("--rebuild", action="store_true", help="build again even if cached")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    path = ensure_tiny_agent(args.cache_dir, rebuild=args.rebuild)
+    report = json.loads((path / "copes_tiny.json").read_text())
+    print(path)
+    print(
+        json.dumps(
+            {
+                k: report[k]
+                for k in ("parameters", "validation_accuracy_greedy_64", "build_seconds")
+            },
+            indent=2,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""Batched multi-turn rollouts with the real tiny agent in the real environments."""
+
+import torch
+
+from copes.agents.policy import SamplingConfig
+from copes.agents.rollout import rollout, stop_strings_for
+from copes.envs.presets import tool_math_env, tool_qa_env
+from copes.envs.tasks.synthetic import synthetic_math_tasks, synthetic_qa_tasks
+
+
+class RecordingPolicy:
+    """The real policy, keeping every Generation it returned (to check the sequences)."""
+
+    def __init__(self, policy):
+        self.policy = policy
+        self.chat = policy.chat
+        self.max_context = policy.max_context
+        self.calls = []
+
+    def generate_ids(self, prompts, sampling):
+        out = self.policy.generate_ids(prompts, sampling)
+        self.calls.append(([list(p) for p in prompts], out))
+        return out
+
+
+def spans(mask):
+    """(start, end) of every run of 1s."""
+    runs, start = [], None
+    for i, m in enumerate([*mask, 0]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            runs.append((start, i))
+            start = None
+    return runs
+
+
+def make_envs(n=4):
+    math = [tool_math_env(tasks=[t]) for t in synthetic_math_tasks("validation", n, seed=1)]
+    qa = [tool_qa_env(tasks=[t]) for t in synthetic_qa_tasks("validation", n, seed=1)]
+    return math, qa
+
+
+def test_rollout_sequences_masks_and_logprobs(tiny_policy):
+    recorder = RecordingPolicy(tiny_policy)
+    math, qa = make_envs()
+    sampling = SamplingConfig(max_new_tokens=64, temperature=1.0, seed=0)
+    trajectories = rollout(recorder, math, sampling) + rollout(recorder, qa, sampling)
+    generated = [g for _, gens in recorder.calls for g in gens]
+    assert len(trajectories) == 8
+    for traj in trajectories:
+        assert len(traj.token_ids) == len(traj.generated_mask) == len(traj.logprobs)
+        assert traj.generated_mask[: traj.prompt_length] == [0] * traj.prompt_length
+        runs = spans(traj.generated_mask)
+        assert len(runs) == traj.turns >= 1
+        assistant = [m["content"] for m in traj.messages if m["role"] == "assistant"]
+        for (start, end), text in zip(runs, assistant, strict=True):
+            ids = traj.token_ids[start:end]
+            # retokenization safety: the trained ids are exactly ids the policy generated
+            assert any(g.token_ids == ids for g in generated)
+            assert tiny_policy.tokenizer.decode(ids, skip_special_tokens=True) == text
+        for message in traj.messages:
+            if message["role"] == "tool" and message["content"].strip():
+                # tool outputs sit only in mask-0 regions
+                masked_text = tiny_policy.tokenizer.decode(
+                    [t for t, m in zip(traj.token_ids, traj.generated_mask, strict=True) if m]
+                )
+                assert message["content"].strip() not in masked_text
+        assert traj.end_reason in ("answer", "max_turns", "invalid", "context")
+        assert 0.0 <= traj.reward <= 1.0
+
+    # log-probs of generated tokens match a fresh forward pass over the whole sequence
+    traj = max(trajectories, key=lambda t: t.turns)
+    ids = torch.tensor([traj.token_ids])
+    with torch.no_grad():
+        logp = torch.log_softmax(tiny_policy.model(ids).logits[0, :-1].float(), dim=-1)
+    fresh = logp.gather(-1, ids[0, 1:, None])[:, 0]
+    mask = torch.tensor(traj.generated_mask[1:], dtype=torch.bool)
+    assert torch.allclose(torch.tensor(traj.logprobs[1:])[mask], fresh[mask], atol=1e-3)
+
+
+def test_tool_calls_really_run(tiny_policy):
+    math, _ = make_envs(6)
+    trajectories = rollout(tiny_policy, math, SamplingConfig(max_new_tokens=64, temperature=0.0))
+    with_tools = [t for t in trajectories if t.tool_calls]
+    assert with_tools, "the warm-started agent should call the calculator"
+    tool_outputs = [m for t in with_tools for m in t.messages if m["role"] == "tool"]
+    assert all(m["name"] == "python" for m in tool_outputs)
+
+
+def test_context_overflow_ends_cleanly(tiny_policy):
+    _, qa = make_envs(3)
+    sampling = SamplingConfig(max_new_tokens=32, temperature=1.0, seed=0)
+    trajectories = rollout(tiny_policy, qa, sampling, max_context=200)
+    assert all(t.end_reason == "context" and t.reward == 0.0 for t in trajectories)
+    assert all(len(t.token_ids) <= 200 + 32 for t in trajectories)
+
+
+def test_stop_strings_follow_the_env_format():
+    math = tool_math_env(tasks=synthetic_math_tasks("test", 1))
+    hermes = tool_math_env(tasks=synthetic_math_tasks("test", 1), call_format="hermes")
+    assert stop_strings_for(math) == ("</python>", "</answer>")
+    assert stop_strings_for(hermes) == ("</tool_call>", "</answer>")
+
+
+def test_rollout_is_reproducible_with_a_seed(tiny_policy):
+    sampling = SamplingConfig(max_new_tokens=48, temperature=1.0, seed=5)
+    a = rollout(tiny_policy, make_envs(3)[0], sampling)
+    b = rollout(tiny_policy, make_envs(3)[0], sampling)
+    assert [t.token_ids for t in a] == [t.token_ids for t in b]
+    assert a.stats.generated_tokens == sum(t.num_generated_tokens for t in a)

@@ -1,0 +1,30 @@
+"""Shared fixtures: the embedded tiny agent, built by the suite itself.
+
+The agent is built once into pytest's cache folder (`.pytest_cache/copes`), so a fresh clone
+(CI) builds it from scratch and later local runs reuse it. `COPES_TEST_REBUILD=1` forces a
+fresh build.
+"""
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="session")
+def tiny_agent_dir(request) -> Path:
+    from copes.agents.tiny import ensure_tiny_agent
+
+    cache = Path(request.config.cache.mkdir("copes"))
+    return ensure_tiny_agent(
+        cache_dir=cache, rebuild=os.environ.get("COPES_TEST_REBUILD") == "1", progress=False
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_policy(tiny_agent_dir):
+    from copes.agents.hf import HFPolicy
+
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    return HFPolicy.from_pretrained(tiny_agent_dir, device="cpu")
