@@ -1,0 +1,114 @@
+"""Where a training run writes its numbers: JSONL, TensorBoard and a learning-curve PNG.
+
+`metrics.jsonl` is the source of truth (one JSON object per line, with `step` and `kind`:
+"train" or "validation"); TensorBoard and the PNG are views of it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+def append_jsonl(path: Path, record: dict[str, Any], sync: bool = False) -> None:
+    """Append one line; with `sync`, it is on disk when this returns (survives SIGKILL)."""
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(record) + "\n")
+        if sync:
+            handle.flush()
+            os.fsync(handle.fileno())
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """All complete records; a torn last line (the process died mid-write) is skipped."""
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            logger.warning("skipping a torn line in %s (the run was interrupted there)", path)
+    return records
+
+
+def write_jsonl_atomic(path: Path, records: Iterable[dict[str, Any]]) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        for record in records:
+            handle.write(json.dumps(record) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+class MetricsLog:
+    """Appends metrics to `metrics.jsonl`, mirrors them to TensorBoard, redraws the curve."""
+
+    def __init__(self, run_dir: Path, tensorboard: bool = True) -> None:
+        self.run_dir = run_dir
+        self.path = run_dir / "metrics.jsonl"
+        self._writer = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+            except ImportError:
+                logger.warning("tensorboard is not installed: logging to metrics.jsonl only")
+
+    def truncate_after(self, step: int) -> None:
+        """Forget records of steps >= `step` (they will be recomputed after a resume)."""
+        kept = [r for r in read_jsonl(self.path) if r.get("step", -1) < step]
+        write_jsonl_atomic(self.path, kept)
+
+    def log(self, kind: str, step: int, values: dict[str, Any]) -> None:
+        record = {"kind": kind, "step": step, **values}
+        append_jsonl(self.path, record)
+        if self._writer is not None:
+            for key, value in values.items():
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    self._writer.add_scalar(f"{kind}/{key}", value, step)
+            self._writer.flush()
+
+    def plot(self, x_key: str = "generated_tokens_total") -> Path | None:
+        """Redraw `learning_curve.png`: training reward and validation accuracy vs budget."""
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            return None
+        records = read_jsonl(self.path)
+        train = [r for r in records if r["kind"] == "train"]
+        val = [r for r in records if r["kind"] == "validation"]
+        if not train and not val:
+            return None
+        fig, ax = plt.subplots(figsize=(6.4, 4))
+        if train:
+            ax.plot([r.get(x_key, r["step"]) for r in train], [r["reward_mean"] for r in train],
+                    label="train reward (mean over batch)", alpha=0.6)  # fmt: skip
+        if val:
+            ax.plot([r.get(x_key, r["step"]) for r in val], [r["accuracy"] for r in val],
+                    marker="o", label="validation accuracy")  # fmt: skip
+        ax.set_xlabel(x_key.replace("_", " "))
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        out = self.run_dir / "learning_curve.png"
+        fig.savefig(out.with_suffix(".tmp.png"), dpi=100)
+        plt.close(fig)
+        os.replace(out.with_suffix(".tmp.png"), out)
+        return out
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()

@@ -1,0 +1,425 @@
+"""The training loop shared by ES, CoPES, GRPO and LoRA-GRPO.
+
+Reads top to bottom: build the policy, the environments and the optimizer; then, until the
+budget (steps, generated tokens or wall seconds) is spent: one optimizer step, its metrics,
+validation every `eval_every` steps, a checkpoint every `checkpoint_every` steps. ES/CoPES
+also append every step's rewards to `es_log.jsonl` (fsync'ed), so a killed run resumes from
+its last checkpoint plus the log, without redoing a single rollout, bit-identically.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from copes.agents.policy import SamplingConfig
+from copes.agents.rollout import RolloutBatch, rollout
+from copes.optimizers.base import flag
+from copes.optimizers.perturb import derive_seed
+from copes.run_log import MetricsLog, append_jsonl, read_jsonl
+
+logger = logging.getLogger(__name__)
+
+OPTIMIZERS = ("es", "copes", "grpo", "lora-grpo")
+ENVS = {"ToolMath-v0": "synthetic-math", "ToolQA-v0": "synthetic-qa"}
+
+
+@dataclass
+class TrainConfig:
+    """Run settings (each is a `copes-train` flag); optimizer settings live in their configs."""
+
+    optimizer: str = flag("es, copes, grpo or lora-grpo", "copes")
+    env: str = flag("ToolMath-v0 or ToolQA-v0", "ToolMath-v0")
+    model: str = flag("'tiny', a local Hugging Face folder or a hub id", "tiny")
+    out_dir: str = flag("run folder: metrics, checkpoints, logs", "runs/copes")
+    benchmark: str | None = flag("training data (default: the env's synthetic tasks)", None)
+    train_split: str = flag("split trained on", "train")
+    eval_split: str = flag("held-out split validated on", "validation")
+    data_dir: str | None = flag("folder of local benchmark files", None)
+    num_train_tasks: int = flag("tasks in the training pool (synthetic: generated)", 1000)
+    steps: int | None = flag("budget: optimizer steps", 20)
+    max_tokens: int | None = flag("budget: generated tokens, all rollouts included", None)
+    max_seconds: float | None = flag("budget: wall-clock seconds", None)
+    batch_size: int = flag("tasks per step (every ES member sees the same batch)", 16)
+    same_batch: bool = flag("ES: the same task batch for every member (paper)", True)
+    max_new_tokens: int = flag("longest turn in tokens", 96)
+    max_turns: int = flag("turns per episode", 4)
+    max_context: int | None = flag("tokens per episode (default: the model's context)", None)
+    temperature: float = flag("GRPO sampling temperature (ES scores greedily, Qiu et al.)", 1.0)
+    es_temperature: float = flag("ES reward-evaluation temperature (0 = greedy)", 0.0)
+    top_p: float = flag("nucleus sampling for training rollouts", 1.0)
+    eval_every: int = flag("validate every M steps (0: only at start and end)", 5)
+    eval_tasks: int = flag("validation tasks", 64)
+    eval_samples: int = flag("samples per validation task (pass@1 averaged over n)", 1)
+    eval_temperature: float = flag("validation temperature (0 = greedy)", 0.0)
+    checkpoint_every: int = flag("checkpoint every M steps (0: only at the end)", 10)
+    keep_checkpoints: int = flag("checkpoints kept", 3)
+    seed: int = flag("seed of tasks, sampling and perturbations", 0)
+    device: str = flag("auto, cpu or cuda", "auto")
+    dtype: str = flag("float32 or bfloat16", "float32")
+    tensorboard: bool = flag("also write a TensorBoard log", True)
+    progress: bool = flag("show progress bars", True)
+    resume: bool = flag("continue the run in out_dir", False)
+
+    def __post_init__(self) -> None:
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {self.optimizer!r}; choose one of {OPTIMIZERS}")
+        if self.env not in ENVS:
+            raise ValueError(f"unknown env {self.env!r}; choose one of {sorted(ENVS)}")
+        budgets = (self.steps, self.max_tokens, self.max_seconds)
+        if all(b is None for b in budgets):
+            raise ValueError("no budget: set steps, max_tokens or max_seconds")
+        if any(b is not None and b <= 0 for b in budgets):
+            raise ValueError(f"budgets must be positive, got steps/tokens/seconds = {budgets}")
+        if self.batch_size < 1 or self.eval_tasks < 1 or self.eval_samples < 1:
+            raise ValueError("batch_size, eval_tasks and eval_samples must be >= 1")
+
+
+# ---------------------------------------------------------------------- rollouts
+class TaskRollout:
+    """The `RolloutFn` of a run: which tasks, how many samples, which sampling seed.
+
+    Keeps a pool of environments (one per concurrent episode) and reuses them every call.
+    """
+
+    def __init__(
+        self,
+        make_env: Callable[[], Any],
+        tasks: Sequence[Any],
+        batch_size: int,
+        samples_per_task: int,
+        sampling: SamplingConfig,
+        seed: int,
+        same_batch: bool = True,
+        max_context: int | None = None,
+    ) -> None:
+        self.tasks = list(tasks)
+        self.batch_size = min(batch_size, len(self.tasks))
+        self.samples = samples_per_task
+        self.sampling = sampling
+        self.seed = seed
+        self.same_batch = same_batch
+        self.max_context = max_context
+        self.envs = [make_env() for _ in range(self.batch_size * samples_per_task)]
+        self.step = 0
+        self.batch = self._choose(0, None)
+
+    def _choose(self, step: int, member: int | None) -> list[Any]:
+        rng = random.Random(derive_seed("batch", self.seed, step, member))
+        return rng.sample(self.tasks, self.batch_size)
+
+    def begin_step(self, step: int) -> None:
+        self.step = step
+        self.batch = self._choose(step, None)
+
+    def __call__(self, policy: Any, member: int | None = None) -> RolloutBatch:
+        tasks = self.batch if self.same_batch or member is None else self._choose(self.step, member)
+        options = [{"task": t} for t in tasks for _ in range(self.samples)]
+        sampling = self.sampling
+        if not sampling.greedy:
+            sampling = replace(sampling, seed=derive_seed("sample", self.seed, self.step, member))
+        envs = self.envs[: len(options)]
+        return rollout(policy, envs, sampling, options=options, max_context=self.max_context)
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+
+# ---------------------------------------------------------------------- building blocks
+def load_tasks_for(config: TrainConfig, split: str, limit: int) -> list[Any]:
+    from copes.envs.presets import load_tasks
+
+    benchmark = config.benchmark or ENVS[config.env]
+    tasks = load_tasks(
+        benchmark, split, data_dir=config.data_dir, limit=limit, task_seed=config.seed
+    )
+    if not tasks:
+        raise ValueError(f"benchmark {benchmark!r} split {split!r} has no tasks")
+    return tasks
+
+
+def env_factory(config: TrainConfig) -> Callable[[], Any]:
+    from copes.envs.presets import tool_math_env, tool_qa_env
+
+    make = tool_math_env if config.env == "ToolMath-v0" else tool_qa_env
+    placeholder = load_tasks_for(config, config.train_split, 1)
+    return lambda: make(tasks=placeholder, max_turns=config.max_turns)
+
+
+def build_optimizer(config: TrainConfig, overrides: dict[str, Any], policy: Any) -> Any:
+    """The optimizer named in `config`, its own config built from `overrides` (CLI flags)."""
+    if config.optimizer in ("es", "copes"):
+        from copes.optimizers.es import CoPES, CoPESConfig, es_config
+
+        known = {k: v for k, v in overrides.items() if k in CoPESConfig.__dataclass_fields__}
+        known.setdefault("seed", config.seed)
+        opt_config = es_config(**known) if config.optimizer == "es" else CoPESConfig(**known)
+        return CoPES(opt_config)
+    from copes.optimizers.grpo import GRPO, GRPOConfig
+
+    known = {k: v for k, v in overrides.items() if k in GRPOConfig.__dataclass_fields__}
+    if config.optimizer == "lora-grpo":
+        known["lora"] = True
+    return GRPO(GRPOConfig(**known), policy)
+
+
+def is_es(config: TrainConfig) -> bool:
+    return config.optimizer in ("es", "copes")
+
+
+# ---------------------------------------------------------------------- the trainer
+@dataclass
+class Budget:
+    steps: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+
+    def exhausted(self, config: TrainConfig) -> bool:
+        return (
+            (config.steps is not None and self.steps >= config.steps)
+            or (config.max_tokens is not None and self.tokens >= config.max_tokens)
+            or (config.max_seconds is not None and self.seconds >= config.max_seconds)
+        )
+
+
+@dataclass
+class Trainer:
+    config: TrainConfig
+    optimizer_overrides: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from copes.agents.hf import HFPolicy
+
+        c = self.config
+        self.run_dir = Path(c.out_dir)
+        torch.manual_seed(c.seed)
+        self.policy = HFPolicy.from_pretrained(c.model, device=c.device, dtype=c.dtype)
+        self.optimizer = build_optimizer(c, self.optimizer_overrides, self.policy)
+        train_tasks = load_tasks_for(c, c.train_split, c.num_train_tasks)
+        eval_tasks = load_tasks_for(c, c.eval_split, c.eval_tasks)
+        make_env = env_factory(c)
+        if is_es(c):
+            samples = 1
+            sampling = SamplingConfig(c.max_new_tokens, temperature=c.es_temperature, top_p=c.top_p)
+        else:
+            samples = self.optimizer.config.group_size
+            sampling = SamplingConfig(c.max_new_tokens, temperature=c.temperature, top_p=c.top_p)
+        self.train_rollout = TaskRollout(
+            make_env, train_tasks, c.batch_size, samples, sampling, c.seed, c.same_batch,
+            c.max_context,
+        )  # fmt: skip
+        eval_sampling = SamplingConfig(c.max_new_tokens, temperature=c.eval_temperature)
+        self.eval_rollout = TaskRollout(
+            make_env, eval_tasks, len(eval_tasks), c.eval_samples, eval_sampling, c.seed + 1,
+            True, c.max_context,
+        )  # fmt: skip
+        self.budget = Budget()
+        self.log: MetricsLog | None = None  # opened by run()
+
+    # ------------------------------------------------------------------ run
+    def run(self) -> dict[str, Any]:
+        from tqdm.auto import tqdm
+
+        c = self.config
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._write_run_config()
+        self.log = MetricsLog(self.run_dir, tensorboard=c.tensorboard)
+        if c.resume:
+            self._resume()
+        else:
+            self._check_fresh_run_dir()
+        start_seconds = self.budget.seconds
+        clock = time.perf_counter()
+        if self.budget.steps == 0:
+            self.validate()
+        bar = tqdm(
+            total=c.steps, initial=self.budget.steps, desc="training", disable=not c.progress
+        )
+        try:
+            while not self.budget.exhausted(c):
+                step = self.budget.steps
+                self.train_rollout.begin_step(step)
+                stats = self.optimizer.step(self.policy, self.train_rollout)
+                self.budget.steps += 1
+                self.budget.tokens += stats.generated_tokens
+                self.budget.seconds = start_seconds + time.perf_counter() - clock
+                if is_es(c):  # the replay log: on disk before anything else is written
+                    entry = {
+                        **stats.log,
+                        "tokens": self.budget.tokens,
+                        "seconds": self.budget.seconds,
+                    }
+                    append_jsonl(self.run_dir / "es_log.jsonl", entry, sync=True)
+                self.log.log("train", step, self._train_record(stats))
+                bar.update()
+                bar.set_postfix(reward=f"{stats.metrics['reward_mean']:.3f}")
+                done = self.budget.exhausted(c)
+                if done or (c.eval_every and self.budget.steps % c.eval_every == 0):
+                    self.validate()
+                if done or (c.checkpoint_every and self.budget.steps % c.checkpoint_every == 0):
+                    self.checkpoint()
+        finally:
+            bar.close()
+            self.log.close()
+            self.train_rollout.close()
+            self.eval_rollout.close()
+        return self.summary()
+
+    def validate(self) -> dict[str, float]:
+        """pass@1 (averaged over n samples) on the held-out split, with the current weights."""
+        batch = self.eval_rollout(self.policy, None)
+        n = len(batch)
+        result = {
+            "accuracy": sum(t.correct for t in batch) / n,
+            "reward_mean": sum(t.reward for t in batch) / n,
+            "tool_calls_mean": sum(t.tool_calls for t in batch) / n,
+            "turns_mean": sum(t.turns for t in batch) / n,
+            "generated_tokens_total": self.budget.tokens,
+            "seconds_total": self.budget.seconds,
+        }
+        self.log.log("validation", self.budget.steps, result)
+        self.log.plot()
+        logger.info("step %d validation accuracy %.3f", self.budget.steps, result["accuracy"])
+        return result
+
+    def checkpoint(self) -> Path:
+        from copes.checkpoint import save_checkpoint
+
+        optimizer_state = self.optimizer.state_dict()
+        tensors = optimizer_state.pop("optimizer_tensors", None)
+        state = {"budget": asdict(self.budget), "optimizer": optimizer_state,
+                 "config": asdict(self.config)}  # fmt: skip
+        merged = getattr(self.optimizer, "merged_model", None)
+        model = merged() if merged is not None else self.policy.model
+        master = None
+        if is_es(self.config) and any(p.dtype != torch.float32 for p in model.parameters()):
+            master = self.policy.weights().master_state()  # bf16 weights cannot hold it
+        return save_checkpoint(
+            self.run_dir, self.budget.steps, model, self.policy.tokenizer, state, tensors, master,
+            keep=self.config.keep_checkpoints,
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------ resume
+    def _resume(self) -> None:
+        from copes.checkpoint import (
+            latest_checkpoint,
+            load_master_state,
+            load_optimizer_tensors,
+            load_state,
+        )
+
+        checkpoint = latest_checkpoint(self.run_dir)
+        if checkpoint is not None:
+            state = load_state(checkpoint)
+            self._load_weights(checkpoint)
+            optimizer_state = dict(state["optimizer"])
+            tensors = load_optimizer_tensors(checkpoint)
+            if tensors is not None:
+                optimizer_state["optimizer_tensors"] = tensors
+            self.optimizer.load_state_dict(optimizer_state)
+            self.budget = Budget(**state["budget"])
+            master = load_master_state(checkpoint)
+            if master is not None:
+                self.policy.weights().load_master_state(master)
+            logger.info("resuming from %s (step %d)", checkpoint, self.budget.steps)
+        if is_es(self.config):
+            entries = [
+                e
+                for e in read_jsonl(self.run_dir / "es_log.jsonl")
+                if e["step"] >= self.budget.steps
+            ]
+            entries = self._contiguous(entries, self.budget.steps)
+            if entries:
+                self.optimizer.replay(entries, self.policy.weights())
+                last = entries[-1]
+                self.budget = Budget(last["step"] + 1, last["tokens"], last["seconds"])
+                logger.info("replayed %d logged ES steps without rollouts", len(entries))
+        elif checkpoint is None:
+            logger.info("no checkpoint to resume from: starting from the base model")
+        self.log.truncate_after(self.budget.steps)
+
+    @staticmethod
+    def _contiguous(entries: list[dict[str, Any]], first: int) -> list[dict[str, Any]]:
+        kept, expected = [], first
+        for entry in sorted(entries, key=lambda e: e["step"]):
+            if entry["step"] != expected:
+                break
+            kept.append(entry)
+            expected += 1
+        return kept
+
+    def _load_weights(self, checkpoint: Path) -> None:
+        """Checkpoint weights into the live model (an optimizer may know better, e.g. LoRA)."""
+        from transformers import AutoModelForCausalLM
+
+        if self.config.optimizer == "lora-grpo":
+            return  # base model + the adapter saved in the optimizer state (merged != base)
+        loaded = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=self.policy.model.dtype)
+        result = self.policy.model.load_state_dict(loaded.state_dict(), strict=False)
+        if result.unexpected_keys or [k for k in result.missing_keys if "lm_head" not in k]:
+            raise RuntimeError(f"checkpoint {checkpoint} does not match the model: {result}")
+        if is_es(self.config):
+            self.policy.weights().sync_from_working()
+
+    def _check_fresh_run_dir(self) -> None:
+        existing = [
+            p
+            for p in ("metrics.jsonl", "es_log.jsonl", "checkpoints")
+            if (self.run_dir / p).exists()
+        ]
+        if existing:
+            raise FileExistsError(
+                f"{self.run_dir} already holds a run ({', '.join(existing)}); pass --resume to "
+                "continue it or choose another --out-dir"
+            )
+
+    def _write_run_config(self) -> None:
+        path = self.run_dir / "config.json"
+        record = {
+            "train": asdict(self.config),
+            "optimizer": self.optimizer.state_dict().get("config"),
+        }
+        if self.config.resume and path.exists():
+            saved = json.loads(path.read_text())
+            keys = ("optimizer", "env", "model", "seed", "batch_size", "benchmark")
+            changed = [k for k in keys if saved["train"].get(k) != record["train"].get(k)]
+            if changed or saved.get("optimizer") != record["optimizer"]:
+                raise ValueError(
+                    f"--resume with settings that differ from the run in {self.run_dir}: "
+                    f"{changed or 'optimizer config'}; resume with the original settings"
+                )
+            return
+        path.write_text(json.dumps(record, indent=2))
+
+    def _train_record(self, stats: Any) -> dict[str, Any]:
+        return {
+            **stats.metrics,
+            "generated_tokens": stats.generated_tokens,
+            "generated_tokens_total": self.budget.tokens,
+            "generation_seconds": stats.generation_seconds,
+            "tool_seconds": stats.env_seconds,
+            "optimizer_seconds": stats.optimizer_seconds,
+            "seconds_total": self.budget.seconds,
+        }
+
+    def summary(self) -> dict[str, Any]:
+        records = read_jsonl(self.run_dir / "metrics.jsonl")
+        val = [r for r in records if r["kind"] == "validation"]
+        return {
+            "run_dir": str(self.run_dir),
+            "steps": self.budget.steps,
+            "generated_tokens": self.budget.tokens,
+            "seconds": round(self.budget.seconds, 1),
+            "validation_accuracy_first": val[0]["accuracy"] if val else None,
+            "validation_accuracy_last": val[-1]["accuracy"] if val else None,
+            "checksum": self.policy.weights().checksum() if is_es(self.config) else None,
+        }

@@ -1,0 +1,160 @@
+"""copes-train end to end on the tiny agent: artifacts, resume after SIGKILL, clear errors."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from copes.cli import train_main
+from copes.run_log import read_jsonl
+
+FAST = [
+    "--batch-size", "4", "--max-new-tokens", "48", "--eval-tasks", "8", "--eval-every", "2",
+    "--num-train-tasks", "50", "--no-progress", "--no-tensorboard",
+]  # fmt: skip
+ES_FAST = [*FAST, "--optimizer", "copes", "--population-size", "4", "--num-subspaces", "2",
+           "--sigma", "0.02", "--learning-rate", "0.01"]  # fmt: skip
+
+
+@pytest.fixture
+def tiny(tiny_agent_dir):
+    return ["--model", str(tiny_agent_dir)]
+
+
+def weights_of(checkpoint: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(checkpoint / "model.safetensors"))
+
+
+def test_copes_train_writes_every_artifact(tmp_path, tiny):
+    out = tmp_path / "run"
+    code = train_main([*ES_FAST, *tiny, "--steps", "2", "--out-dir", str(out), "--tensorboard",
+                       "--checkpoint-every", "1"])  # fmt: skip
+    assert code == 0
+    records = read_jsonl(out / "metrics.jsonl")
+    train = [r for r in records if r["kind"] == "train"]
+    val = [r for r in records if r["kind"] == "validation"]
+    assert [r["step"] for r in train] == [0, 1] and [r["step"] for r in val] == [0, 2]
+    for key in ("reward_mean", "reward_std", "accuracy", "generation_seconds", "tool_seconds",
+                "optimizer_seconds", "generated_tokens"):  # fmt: skip
+        assert key in train[0]
+    assert [e["step"] for e in read_jsonl(out / "es_log.jsonl")] == [0, 1]
+    assert len(read_jsonl(out / "es_log.jsonl")[0]["rewards"]) == 4
+    assert (out / "learning_curve.png").stat().st_size > 1000
+    assert any((out / "tensorboard").iterdir())
+    latest = out / "checkpoints" / (out / "checkpoints" / "latest").read_text()
+    assert latest.name == "step-000002"
+    from transformers import AutoModelForCausalLM
+
+    assert AutoModelForCausalLM.from_pretrained(latest) is not None  # a normal HF folder
+    state = json.loads((latest / "trainer_state.json").read_text())
+    assert state["budget"]["steps"] == 2 and state["optimizer"]["config"]["num_subspaces"] == 2
+    assert json.loads((out / "config.json").read_text())["train"]["optimizer"] == "copes"
+
+
+def run_cli(args, env=None):
+    return subprocess.Popen(
+        [sys.executable, "-m", "copes.cli", *args], stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_es_resume_after_sigkill_is_bit_identical(tmp_path, tiny):
+    args = [*ES_FAST, *tiny, "--steps", "4", "--checkpoint-every", "2", "--eval-every", "0"]
+    reference = tmp_path / "reference"
+    assert train_main([*args, "--out-dir", str(reference)]) == 0
+
+    killed = tmp_path / "killed"
+    proc = run_cli([*args, "--out-dir", str(killed)])
+    deadline = time.time() + 300
+    while time.time() < deadline:  # kill once step 2 is logged but before the run ends
+        if len(read_jsonl(killed / "es_log.jsonl")) >= 3:
+            break
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert len(read_jsonl(killed / "es_log.jsonl")) < 4
+    assert train_main([*args, "--out-dir", str(killed), "--resume"]) == 0
+
+    final_ref = weights_of(reference / "checkpoints" / "step-000004")
+    final_res = weights_of(killed / "checkpoints" / "step-000004")
+    assert final_ref.keys() == final_res.keys()
+    assert all(torch.equal(final_ref[k], final_res[k]) for k in final_ref)
+    assert [e["rewards"] for e in read_jsonl(killed / "es_log.jsonl")] == [
+        e["rewards"] for e in read_jsonl(reference / "es_log.jsonl")
+    ]
+
+
+def test_errors_are_clear(tmp_path, tiny, capsys):
+    with pytest.raises(SystemExit):
+        train_main(["--optimizer", "adam"])
+    assert "unknown optimizer" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        train_main(["--env", "CartPole-v1"])
+    assert "unknown env" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        train_main(["--steps", "0"])
+    assert "positive" in capsys.readouterr().err
+    assert train_main(["--model", str(tmp_path / "nope"), "--out-dir", str(tmp_path / "r")]) == 2
+    assert "could not load model" in capsys.readouterr().err
+    bad = tmp_path / "data"
+    bad.mkdir()
+    (bad / "gsm8k.jsonl").write_text('{"question": "1+1?", "answer": "#### 2"}\nnot json\n')
+    code = train_main([*tiny, "--benchmark", "gsm8k", "--data-dir", str(bad),
+                       "--out-dir", str(tmp_path / "r2")])  # fmt: skip
+    assert code == 2
+    assert "gsm8k.jsonl" in capsys.readouterr().err
+
+
+def test_existing_run_needs_resume(tmp_path, tiny, capsys):
+    out = tmp_path / "run"
+    (out / "checkpoints").mkdir(parents=True)
+    assert train_main([*ES_FAST, *tiny, "--steps", "1", "--out-dir", str(out)]) == 2
+    assert "--resume" in capsys.readouterr().err
+
+
+def test_config_file_and_dry_run(tmp_path, tiny, capsys):
+    config = tmp_path / "run.yaml"
+    config.write_text("optimizer: es\npopulation-size: 6\nsteps: 3\n")
+    assert train_main(["--config", str(config), *tiny, "--dry-run"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert (
+        plan["train"]["optimizer"] == "es" and plan["optimizer_overrides"]["population_size"] == 6
+    )
+    memory = plan["memory_bytes"]
+    assert {"es", "copes", "grpo", "lora-grpo"} <= set(memory)
+    assert memory["grpo"]["total"] > memory["copes"]["total"] > 0
+    toml = tmp_path / "run.toml"
+    toml.write_text('optimizer = "grpo"\nsteps = 2\nbogus = 1\n')
+    with pytest.raises(SystemExit):
+        train_main(["--config", str(toml), "--dry-run"])
+
+
+GRPO_FAST = [*FAST, "--group-size", "2", "--learning-rate", "1e-4", "--batch-size", "2",
+             "--micro-batch-size", "4"]  # fmt: skip
+
+
+@pytest.mark.parametrize("optimizer", ["grpo", "lora-grpo"])
+def test_grpo_runs_and_resumes_from_its_last_checkpoint(tmp_path, tiny, optimizer):
+    out = tmp_path / optimizer
+    base = [*GRPO_FAST, *tiny, "--optimizer", optimizer, "--out-dir", str(out),
+            "--checkpoint-every", "1", "--eval-every", "0"]  # fmt: skip
+    assert train_main([*base, "--steps", "1"]) == 0
+    first = json.loads((out / "checkpoints" / "step-000001" / "trainer_state.json").read_text())
+    assert first["optimizer"]["step_count"] == 1
+    assert train_main([*base, "--steps", "2", "--resume"]) == 0
+    train = [r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "train"]
+    assert [r["step"] for r in train] == [0, 1]  # resumed at step 1, not from scratch
+    state = json.loads((out / "checkpoints" / "step-000002" / "trainer_state.json").read_text())
+    assert state["optimizer"]["step_count"] == 2 and state["budget"]["steps"] == 2
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(out / "checkpoints" / "step-000002")
+    assert not any("lora" in name for name, _ in model.named_parameters())  # merged, plain HF
