@@ -1,0 +1,197 @@
+"""`copes-eval`: pass@k of a tool-using agent on math and multi-hop QA benchmarks.
+
+    copes-eval --model tiny --benchmarks gsm8k,hotpotqa --pass-k 1,4,16 -n 16 --out runs/eval
+
+Prints a table and writes OUT/report.json, OUT/report.csv, one pass@k plot per benchmark and
+OUT/samples.jsonl (every sample; rerunning the command resumes an interrupted evaluation).
+With ``--baseline OTHER`` the other model is evaluated the same way into OUT/baseline/ and
+every output shows both models and the difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from copes.evaluation.benchmarks import EVAL_BENCHMARKS
+
+logger = logging.getLogger(__name__)
+
+VLLM_HINT = (
+    'the vLLM backend needs `pip install -e ".[vllm]"` on a GPU machine (vLLM and '
+    "copes.agents.vllm); use --backend hf to evaluate with transformers instead"
+)
+
+
+class BackendUnavailable(RuntimeError):
+    """The requested generation backend cannot be loaded on this machine."""
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers like 1,4,16, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one integer, e.g. 1,4,16")
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="copes-eval",
+        description="Evaluate a tool-using agent: n samples per problem -> pass@k, mean@n, maj@n.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--model", help="'tiny', a local HF folder or a hub id (required)")
+    parser.add_argument(
+        "--benchmarks",
+        default="synthetic-math",
+        help=f"comma-separated, from: {','.join(EVAL_BENCHMARKS)}",
+    )
+    parser.add_argument("--pass-k", type=_ints, default=[1, 4, 16], help="k values, e.g. 1,4,16")
+    parser.add_argument(
+        "-n",
+        "--num-samples",
+        dest="n",
+        type=int,
+        default=16,
+        help="samples per problem (>= every k)",
+    )
+    parser.add_argument("--baseline", help="a second model, evaluated into OUT/baseline/")
+    parser.add_argument("--backend", choices=("hf", "vllm"), default="hf")
+    parser.add_argument("--data-dir", help="local benchmark files (see docs/evaluation.md)")
+    parser.add_argument("--limit", type=int, help="first N problems of each benchmark")
+    parser.add_argument("--temperature", type=float, default=0.6, help="0 = greedy")
+    parser.add_argument("--top-p", type=float, default=0.95)
+    parser.add_argument("--max-new-tokens", type=int, default=512, help="per turn")
+    parser.add_argument("--max-turns", type=int, default=4, help="agent turns per episode")
+    parser.add_argument("--seed", type=int, default=0, help="seeds every sampling batch")
+    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, auto")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        help="float32, bfloat16, float16; auto = bf16 on GPU, fp32 on CPU",
+    )
+    parser.add_argument(
+        "--batch-episodes", type=int, default=64, help="episodes rolled out together"
+    )
+    parser.add_argument(
+        "--no-resume", action="store_true", help="discard samples already in OUT and start over"
+    )
+    parser.add_argument(
+        "--save-messages", action="store_true", help="store every conversation in samples.jsonl"
+    )
+    parser.add_argument(
+        "--rescore",
+        action="store_true",
+        help="re-grade the samples in OUT (and OUT/baseline) without generating",
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress bar, warnings only")
+    parser.add_argument("--out", required=True, help="output folder")
+    return parser
+
+
+def load_policy(model: str, backend: str, device: str, dtype: str) -> Any:
+    """The policy for `model` on `backend`; vLLM is optional and says how to get it."""
+    if backend == "vllm":
+        try:
+            from copes.agents.vllm import VLLMPolicy
+
+            return VLLMPolicy.from_pretrained(model, dtype=dtype)
+        except ImportError as exc:
+            raise BackendUnavailable(f"{VLLM_HINT} ({type(exc).__name__}: {exc})") from exc
+    from copes.agents.hf import HFPolicy, resolve_device
+
+    if dtype == "auto":
+        dtype = "bfloat16" if resolve_device(device).type == "cuda" else "float32"
+    return HFPolicy.from_pretrained(model, device=device, dtype=dtype)
+
+
+def _evaluate_one(model: str, out: Path, args: argparse.Namespace, sampling: Any) -> Any:
+    import torch
+
+    from copes.evaluation.runner import evaluate
+
+    policy = load_policy(model, args.backend, args.device, args.dtype)
+    try:
+        report = evaluate(
+            policy,
+            args.benchmarks,
+            n=args.n,
+            ks=args.pass_k,
+            sampling=sampling,
+            limit=args.limit,
+            data_dir=args.data_dir,
+            out_dir=out,
+            resume=not args.no_resume,
+            batch_episodes=args.batch_episodes,
+            progress=not args.quiet,
+            max_turns=args.max_turns,
+            save_messages=args.save_messages,
+            model_name=model,
+        )
+    finally:
+        del policy
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return report
+
+
+def run(args: argparse.Namespace) -> int:
+    from copes.agents.policy import SamplingConfig
+    from copes.evaluation.benchmarks import resolve_benchmarks
+    from copes.evaluation.report import format_table, write_report
+    from copes.evaluation.runner import check_ks, rescore
+
+    out = Path(args.out)
+    baseline_out = out / "baseline"
+    if args.rescore:
+        report = rescore(out)
+        baseline = rescore(baseline_out) if (baseline_out / "samples.jsonl").exists() else None
+        if baseline is not None:
+            write_report(baseline, baseline_out)
+    else:
+        # Everything that can be wrong with the arguments fails before a model is loaded.
+        check_ks(args.pass_k, args.n)
+        resolve_benchmarks(args.benchmarks)
+        sampling = SamplingConfig(
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            seed=args.seed,
+        )
+        report = _evaluate_one(args.model, out, args, sampling)
+        baseline = None
+        if args.baseline:
+            baseline = _evaluate_one(args.baseline, baseline_out, args, sampling)
+            write_report(baseline, baseline_out)
+    paths = write_report(report, out, baseline)
+    print(format_table(report, baseline))
+    print(f"\nwrote {paths['json']}, {paths['csv']} and {len(paths['plots'])} plot(s) in {out}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `copes-eval`; returns the exit status (2 on a usage or input error)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.model is None and not args.rescore:
+        parser.error("--model is required (or --rescore to re-grade the samples in --out)")
+    logging.basicConfig(
+        level=logging.WARNING if args.quiet else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return run(args)
+    except (ValueError, FileNotFoundError, BackendUnavailable) as exc:
+        print(f"copes-eval: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

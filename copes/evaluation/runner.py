@@ -1,0 +1,395 @@
+"""`evaluate(policy, benchmarks, n=, ks=)`: n tool-using samples per problem -> pass@k and more.
+
+Samples are produced by the same batched multi-turn `rollout` as training (tools, graders and
+turn limits included). The (problem, sample) pairs of a benchmark are cut into fixed batches
+of `batch_episodes` episodes, and each batch samples with a seed derived from (sampling seed,
+benchmark, batch index), so a rerun reproduces every sample on the same machine.
+
+Every finished batch is appended to ``out_dir/samples.jsonl`` (one JSON line per sample), so
+an interrupted evaluation resumes where it stopped: samples already on disk are kept, a torn
+last line is dropped, and only batches with missing samples are rolled out again (a batch is
+always rolled out whole, so its samples come out exactly as in an uninterrupted run, and only
+the missing ones are written). `rescore(out_dir)` re-grades the stored predictions with the
+current graders without generating anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from copes.agents.policy import Policy, SamplingConfig
+from copes.agents.rollout import rollout
+from copes.envs.tasks.base import Task
+from copes.evaluation.benchmarks import EvalBenchmark, get_benchmark, resolve_benchmarks
+from copes.evaluation.passk import majority_at_n, mean_at_n, pass_at_k
+from copes.evaluation.report import BenchmarkResult, Report
+from copes.optimizers.perturb import derive_seed
+
+logger = logging.getLogger(__name__)
+
+SAMPLES_FILE = "samples.jsonl"
+CONFIG_FILE = "eval_config.json"
+# Settings that change what a sample is; resuming with different values would mix two
+# evaluations in one file.
+_SAMPLE_SETTINGS = ("model", "sampling", "max_turns", "batch_episodes")
+
+
+def check_ks(ks: Iterable[int], n: int) -> list[int]:
+    """`ks` sorted and deduplicated; ValueError unless every k is in [1, n]."""
+    if n < 1:
+        raise ValueError(f"n (samples per problem) must be >= 1, got {n}")
+    ks = sorted(set(int(k) for k in ks))
+    if not ks:
+        raise ValueError("no k given for pass@k; pass e.g. ks=[1, 4, 16]")
+    if ks[0] < 1:
+        raise ValueError(f"pass@k needs k >= 1, got k={ks[0]}")
+    if ks[-1] > n:
+        too_big = [k for k in ks if k > n]
+        raise ValueError(
+            f"pass@k needs k <= n samples per problem: k={too_big} with n={n}; "
+            f"raise n to at least {too_big[-1]} or drop those k"
+        )
+    return ks
+
+
+# ---------------------------------------------------------------------- samples on disk
+def read_samples(path: str | Path) -> list[dict[str, Any]]:
+    """The sample records of a samples.jsonl; a torn (unterminated) last line is ignored."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    text = path.read_text(encoding="utf-8")
+    complete = text[: text.rfind("\n") + 1]  # whatever follows the last newline is torn
+    records = []
+    for number, line in enumerate(complete.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise ValueError(
+                f"{path} line {number} is not valid JSON ({exc.msg}); only a torn last line "
+                f"can be skipped. Delete the damaged lines (they are re-generated on resume) "
+                f"or start again with resume=False / --no-resume"
+            ) from exc
+    return records
+
+
+def _drop_torn_tail(path: Path) -> None:
+    """Cut anything after the last newline, so appended lines start on a fresh line."""
+    if not path.exists():
+        return
+    with path.open("rb+") as handle:
+        data = handle.read()
+        keep = data.rfind(b"\n") + 1
+        if keep != len(data):
+            logger.warning("%s: dropping a torn last line (%d bytes)", path, len(data) - keep)
+            handle.truncate(keep)
+
+
+def _append(path: Path, records: Sequence[dict[str, Any]]) -> None:
+    lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+    with path.open("a", encoding="utf-8") as handle:
+        handle.write(lines)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _key(record: dict[str, Any]) -> tuple[str, str, int]:
+    return record["benchmark"], record["task_id"], int(record["sample"])
+
+
+def _check_resumable(out_dir: Path, config: dict[str, Any]) -> None:
+    path = out_dir / CONFIG_FILE
+    if not path.exists():
+        return
+    old = json.loads(path.read_text())
+    for name in _SAMPLE_SETTINGS:
+        if name == "model" and (old.get("model") is None or config.get("model") is None):
+            continue
+        if old.get(name) != config.get(name):
+            raise ValueError(
+                f"{out_dir} holds samples of a different evaluation: {name} was "
+                f"{old.get(name)!r}, now {config.get(name)!r}. Use another out_dir (--out), or "
+                f"resume=False (--no-resume) to discard the stored samples"
+            )
+
+
+def _sample_record(
+    benchmark: EvalBenchmark, task: Task, sample: int, trajectory: Any, save_messages: bool
+) -> dict[str, Any]:
+    grade = dict(trajectory.grade)
+    prediction = grade.pop("prediction", None)
+    grade.pop("gold", None)
+    grade.pop("correct", None)
+    record = {
+        "benchmark": benchmark.name,
+        "task_id": task.id,
+        "sample": sample,
+        "prediction": prediction,
+        "gold": list(task.answers),
+        "correct": bool(trajectory.correct),
+        "reward": float(trajectory.reward),
+        "grade": grade,
+        "tool_calls": trajectory.tool_calls,
+        "turns": trajectory.turns,
+        "end_reason": trajectory.end_reason,
+        "generated_tokens": trajectory.num_generated_tokens,
+    }
+    if save_messages:
+        record["messages"] = trajectory.messages
+    return record
+
+
+# ---------------------------------------------------------------------- metrics
+def summarize(
+    benchmark: EvalBenchmark,
+    samples_by_task: dict[str, list[dict[str, Any]]],
+    ks: Sequence[int],
+) -> BenchmarkResult:
+    """Per-problem pass@k, mean@n and maj@n averaged over problems (in the given order)."""
+    if not samples_by_task:
+        raise ValueError(f"benchmark {benchmark.name!r} has no samples to summarize")
+    pass_sums = dict.fromkeys(ks, 0.0)
+    mean_sum = maj_sum = 0.0
+    all_samples: list[dict[str, Any]] = []
+    for task_id, samples in samples_by_task.items():
+        samples = sorted(samples, key=lambda r: int(r["sample"]))
+        n, c = len(samples), sum(bool(r["correct"]) for r in samples)
+        if n < max(ks):
+            raise ValueError(
+                f"{benchmark.name} problem {task_id!r} has {n} samples, fewer than k={max(ks)}; "
+                f"finish the evaluation (resume it) before computing pass@{max(ks)}"
+            )
+        for k in ks:
+            pass_sums[k] += pass_at_k(n, c, k)
+        mean_sum += mean_at_n([r["reward"] for r in samples])
+        maj_sum += majority_at_n(
+            [r["prediction"] for r in samples],
+            [bool(r["correct"]) for r in samples],
+            benchmark.normalize,
+        )
+        all_samples.extend(samples)
+    problems = len(samples_by_task)
+    per_problem = {len(s) for s in samples_by_task.values()}
+    total = len(all_samples)
+    return BenchmarkResult(
+        benchmark=benchmark.name,
+        num_problems=problems,
+        n=per_problem.pop() if len(per_problem) == 1 else min(per_problem),
+        pass_at_k={k: pass_sums[k] / problems for k in ks},
+        mean_at_n=mean_sum / problems,
+        maj_at_n=maj_sum / problems,
+        mean_tool_calls=sum(r["tool_calls"] for r in all_samples) / total,
+        mean_turns=sum(r["turns"] for r in all_samples) / total,
+        mean_generated_tokens=sum(r["generated_tokens"] for r in all_samples) / total,
+        end_reasons=dict(sorted(Counter(r["end_reason"] for r in all_samples).items())),
+    )
+
+
+# ---------------------------------------------------------------------- evaluate
+def evaluate(
+    policy: Policy,
+    benchmarks: str | Sequence[str | EvalBenchmark],
+    *,
+    n: int,
+    ks: Sequence[int],
+    sampling: SamplingConfig,
+    limit: int | None = None,
+    data_dir: str | Path | None = None,
+    out_dir: str | Path,
+    resume: bool = True,
+    batch_episodes: int = 64,
+    progress: bool = True,
+    max_turns: int = 4,
+    save_messages: bool = False,
+    model_name: str | None = None,
+) -> Report:
+    """Sample `n` tool-using episodes per problem of each benchmark and report pass@k etc.
+
+    Args:
+        policy: the model backend (any `Policy`).
+        benchmarks: names from `EVAL_BENCHMARKS` ("gsm8k,hotpotqa" or a list).
+        n: samples per problem; ks: the k of pass@k (each 1 <= k <= n, checked first).
+        sampling: per-turn sampling; its `seed` (default 0) seeds every batch.
+        limit: evaluate only the first `limit` problems of each benchmark.
+        data_dir: local benchmark files instead of the hub (docs/evaluation.md).
+        out_dir: where samples.jsonl and eval_config.json go.
+        resume: keep the samples already in out_dir (False: start over).
+        batch_episodes: episodes rolled out together (the unit of seeding and of writing).
+        progress: show a progress bar with an ETA.
+        max_turns: agent turns per episode (tool calls + answer).
+        save_messages: also store each episode's full conversation.
+        model_name: recorded in the report and checked on resume.
+    """
+    ks = check_ks(ks, n)
+    if batch_episodes < 1:
+        raise ValueError(f"batch_episodes must be >= 1, got {batch_episodes}")
+    resolved = resolve_benchmarks(benchmarks)
+    if sampling.greedy and n > 1:
+        logger.warning("temperature 0 (greedy): the %d samples of a problem will be identical", n)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    samples_path = out / SAMPLES_FILE
+    config = {
+        "model": model_name,
+        "benchmarks": [b.name for b in resolved],
+        "n": n,
+        "ks": ks,
+        "limit": limit,
+        "data_dir": None if data_dir is None else str(data_dir),
+        "sampling": dataclasses.asdict(sampling),
+        "max_turns": max_turns,
+        "batch_episodes": batch_episodes,
+    }
+    config["sampling"]["stop"] = list(sampling.stop)
+    if resume:
+        _check_resumable(out, config)
+    start = time.perf_counter()
+
+    # Load every benchmark before touching out_dir, so a missing file fails early.
+    loaded = []
+    for benchmark in resolved:
+        tasks = benchmark.load_tasks(data_dir=data_dir, limit=limit)
+        if not tasks:
+            raise ValueError(f"benchmark {benchmark.name!r} has no tasks (limit={limit})")
+        loaded.append((benchmark, tasks))
+    config["task_ids"] = {b.name: [t.id for t in tasks] for b, tasks in loaded}
+    if resume:
+        _drop_torn_tail(samples_path)
+    elif samples_path.exists():
+        samples_path.unlink()
+    (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    done = {_key(r): r for r in read_samples(samples_path)}
+
+    # Plan: every benchmark's (task, sample) pairs in fixed batches; keep those with gaps.
+    plan = []
+    for benchmark, tasks in loaded:
+        items = [(task, s) for task in tasks for s in range(n)]
+        batches = [items[i : i + batch_episodes] for i in range(0, len(items), batch_episodes)]
+        todo = [
+            (index, batch)
+            for index, batch in enumerate(batches)
+            if any((benchmark.name, t.id, s) not in done for t, s in batch)
+        ]
+        plan.append((benchmark, tasks, todo))
+    total_todo = sum(len(batch) for _, _, todo in plan for _, batch in todo)
+    resumed = sum(
+        (b.name, t.id, s) in done for b, tasks, _ in plan for t in tasks for s in range(n)
+    )
+    if resumed:
+        logger.info("resuming: %d samples already in %s", resumed, samples_path)
+
+    from tqdm.auto import tqdm
+
+    base_seed = 0 if sampling.seed is None else sampling.seed
+    generated = written = 0
+    with tqdm(total=total_todo, unit="episode", disable=not progress, desc="evaluate") as bar:
+        for benchmark, tasks, todo in plan:
+            if not todo:
+                continue
+            bar.set_postfix_str(benchmark.name)
+            size = max(len(batch) for _, batch in todo)
+            envs = [benchmark.make_env(tasks, max_turns=max_turns) for _ in range(size)]
+            try:
+                for index, batch in todo:
+                    seed = derive_seed("eval", base_seed, benchmark.name, index)
+                    trajectories = rollout(
+                        policy,
+                        envs[: len(batch)],
+                        dataclasses.replace(sampling, seed=seed),
+                        options=[{"task": task} for task, _ in batch],
+                    )
+                    records = [
+                        _sample_record(benchmark, task, s, traj, save_messages)
+                        for (task, s), traj in zip(batch, trajectories, strict=True)
+                        if (benchmark.name, task.id, s) not in done
+                    ]
+                    _append(samples_path, records)
+                    done.update((_key(r), r) for r in records)
+                    generated += len(batch)
+                    written += len(records)
+                    bar.update(len(batch))
+            finally:
+                for env in envs:
+                    env.close()
+
+    results = {}
+    for benchmark, tasks, _ in plan:
+        by_task = {t.id: [done[(benchmark.name, t.id, s)] for s in range(n)] for t in tasks}
+        results[benchmark.name] = summarize(benchmark, by_task, ks)
+    return Report(
+        n=n,
+        ks=ks,
+        benchmarks=results,
+        model=model_name,
+        generated_episodes=generated,
+        new_samples=written,
+        resumed_samples=resumed,
+        seconds=time.perf_counter() - start,
+    )
+
+
+# ---------------------------------------------------------------------- rescore
+def rescore(out_dir: str | Path, *, ks: Sequence[int] | None = None) -> Report:
+    """Re-grade the stored predictions of an evaluation with the current graders.
+
+    Rewrites samples.jsonl with the new verdicts (atomically) and returns the report over the
+    benchmarks, problems and n of the last `evaluate` into `out_dir`. Samples that gave no
+    final answer keep their reward and stay incorrect. Nothing is generated.
+    """
+    out = Path(out_dir)
+    config_path = out / CONFIG_FILE
+    if not config_path.exists():
+        raise FileNotFoundError(
+            f"{config_path} does not exist; rescore needs the folder an evaluation wrote "
+            f"(its --out), with {CONFIG_FILE} and {SAMPLES_FILE}"
+        )
+    config = json.loads(config_path.read_text())
+    n = int(config["n"])
+    ks = check_ks(config["ks"] if ks is None else ks, n)
+    benchmarks = [get_benchmark(name) for name in config["benchmarks"]]
+    records = read_samples(out / SAMPLES_FILE)
+    graders = {b.name: b.make_grader() for b in benchmarks}
+    kinds = {b.name: b.grader for b in benchmarks}
+    for record in records:
+        name = record["benchmark"]
+        if name not in graders:
+            graders[name] = get_benchmark(name).make_grader()
+            kinds[name] = get_benchmark(name).grader
+        if record["prediction"] is None:
+            record["correct"] = False
+            continue
+        task = Task(record["task_id"], "", tuple(record["gold"]), kinds[name])
+        grade = graders[name](record["prediction"], task)
+        record["correct"] = bool(grade.correct)
+        record["reward"] = float(grade.reward)
+        record["grade"] = {
+            k: v for k, v in grade.details.items() if k not in ("prediction", "gold", "correct")
+        }
+    tmp = out / (SAMPLES_FILE + ".tmp")
+    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+    os.replace(tmp, out / SAMPLES_FILE)
+
+    results = {}
+    for benchmark in benchmarks:
+        by_task: dict[str, list[dict[str, Any]]] = {
+            task_id: [] for task_id in config["task_ids"][benchmark.name]
+        }
+        for record in records:
+            if (
+                record["benchmark"] == benchmark.name
+                and record["task_id"] in by_task
+                and int(record["sample"]) < n
+            ):
+                by_task[record["task_id"]].append(record)
+        results[benchmark.name] = summarize(benchmark, by_task, ks)
+    return Report(n=n, ks=ks, benchmarks=results, model=config.get("model"))

@@ -1,0 +1,256 @@
+"""`evaluate` / `copes-eval` end to end on the tiny agent with fixture data: outputs, resume
+after an interruption, rescore, baseline comparison; and the report renderings."""
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from copes.agents.policy import SamplingConfig
+from copes.evaluation.cli import main
+from copes.evaluation.report import (
+    BenchmarkResult,
+    Report,
+    difference,
+    format_table,
+    write_report,
+)
+from copes.evaluation.runner import evaluate, read_samples, rescore
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "benchmarks"
+BENCHMARKS = ["gsm8k", "hotpotqa", "synthetic-math"]
+LIMIT, N, BATCH = 2, 2, 3  # 4 episodes per benchmark in batches of 3 (so batches straddle)
+
+
+def eval_args(model, out, data_dir, *extra):
+    return [
+        "--model", str(model), "--benchmarks", ",".join(BENCHMARKS), "--pass-k", "1,2",
+        "-n", str(N), "--limit", str(LIMIT), "--data-dir", str(data_dir),
+        "--max-new-tokens", "48", "--max-turns", "3", "--temperature", "1.0", "--top-p", "1.0",
+        "--seed", "7", "--device", "cpu", "--batch-episodes", str(BATCH), "--quiet",
+        "--out", str(out), *extra,
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("data")
+    shutil.copy(FIXTURES / "gsm8k.jsonl", root / "gsm8k.jsonl")
+    (root / "hotpotqa").mkdir()
+    shutil.copy(FIXTURES / "hotpot_dev_distractor_v1.json", root / "hotpotqa" / "dev.json")
+    return root
+
+
+@pytest.fixture(scope="module")
+def full_run(tiny_agent_dir, data_dir, tmp_path_factory):
+    """One uninterrupted evaluation: (out dir, printed output, report.json)."""
+    import contextlib
+    import io
+
+    out = tmp_path_factory.mktemp("full")
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(eval_args(tiny_agent_dir, out, data_dir)) == 0
+    return out, printed.getvalue(), json.loads((out / "report.json").read_text())
+
+
+def test_end_to_end_writes_every_output_and_prints_the_table(full_run):
+    out, printed, data = full_run
+    for name in BENCHMARKS:
+        assert (out / f"pass_at_k_{name}.png").stat().st_size > 1000
+        assert f"| {name}" in printed
+    assert "pass@1" in printed and "pass@2" in printed and "maj@2" in printed
+    report = Report.from_dict(data)
+    assert report.n == N and report.ks == [1, 2]
+    for name in BENCHMARKS:
+        result = report.benchmarks[name]
+        assert result.num_problems == LIMIT and result.n == N
+        assert 0 <= result.pass_at_k[1] <= result.pass_at_k[2] <= 1
+        assert 0 <= result.mean_at_n <= 1 and 0 <= result.maj_at_n <= 1
+        assert result.mean_turns >= 1 and sum(result.end_reasons.values()) == LIMIT * N
+
+    samples = read_samples(out / "samples.jsonl")
+    assert len(samples) == len(BENCHMARKS) * LIMIT * N
+    assert {(s["benchmark"], s["sample"]) for s in samples} == {
+        (b, i) for b in BENCHMARKS for i in range(N)
+    }
+    first = samples[0]
+    assert set(first) >= {
+        "benchmark", "task_id", "sample", "prediction", "correct", "reward", "tool_calls",
+        "turns", "end_reason", "generated_tokens", "gold",
+    }  # fmt: skip
+    assert "messages" not in first  # only with --save-messages
+    # The report's numbers are the samples' numbers.
+    gsm = [s for s in samples if s["benchmark"] == "gsm8k"]
+    assert report.benchmarks["gsm8k"].pass_at_k[1] == pytest.approx(
+        sum(s["correct"] for s in gsm) / len(gsm)
+    )
+    assert report.benchmarks["gsm8k"].mean_tool_calls == pytest.approx(
+        sum(s["tool_calls"] for s in gsm) / len(gsm)
+    )
+
+    rows = list(csv.DictReader((out / "report.csv").open()))
+    assert {r["benchmark"] for r in rows} == set(BENCHMARKS)
+    assert {"pass@1", "pass@2", "mean@2", "maj@2"} <= {r["metric"] for r in rows}
+
+
+def test_resume_after_interruption_generates_only_what_is_missing(
+    full_run, tiny_agent_dir, data_dir, tmp_path
+):
+    full_out, _, full_data = full_run
+    lines = (full_out / "samples.jsonl").read_text().splitlines(keepends=True)
+    half = len(lines) // 2  # 6 of 12: mid-way through the second benchmark's batches
+    shutil.copy(full_out / "eval_config.json", tmp_path / "eval_config.json")
+    torn = lines[half][: len(lines[half]) // 2]  # the line being written when it was killed
+    (tmp_path / "samples.jsonl").write_text("".join(lines[:half]) + torn)
+
+    assert main(eval_args(tiny_agent_dir, tmp_path, data_dir)) == 0
+    resumed = json.loads((tmp_path / "report.json").read_text())
+    assert resumed["resumed_samples"] == half
+    assert resumed["new_samples"] == len(lines) - half  # only the missing samples written
+    # Whole batches are rolled out again (so they sample exactly as before): the batch that
+    # was cut short and those never started; nothing already complete is rerun.
+    keys = [(r["benchmark"], r["task_id"], r["sample"]) for r in map(json.loads, lines)]
+    missing = set(keys[half:])
+    expected = 0
+    for name in BENCHMARKS:  # the full run wrote each benchmark's items in batch order
+        items = [k for k in keys if k[0] == name]
+        chunks = [items[i : i + BATCH] for i in range(0, len(items), BATCH)]
+        expected += sum(len(c) for c in chunks if missing.intersection(c))
+    assert len(missing) < expected < len(lines)  # this cut does straddle a batch
+    assert resumed["generated_episodes"] == expected
+
+    # Same samples, same report as the uninterrupted run.
+    def by_key(path):
+        return {(s["benchmark"], s["task_id"], s["sample"]): s for s in read_samples(path)}
+
+    assert by_key(tmp_path / "samples.jsonl") == by_key(full_out / "samples.jsonl")
+    assert len((tmp_path / "samples.jsonl").read_text().splitlines()) == len(lines)
+    assert Report.from_dict(resumed) == Report.from_dict(full_data)
+
+    # A finished evaluation resumes to the same report without generating anything.
+    assert main(eval_args(tiny_agent_dir, tmp_path, data_dir)) == 0
+    again = json.loads((tmp_path / "report.json").read_text())
+    assert again["generated_episodes"] == 0 and again["new_samples"] == 0
+    assert Report.from_dict(again) == Report.from_dict(full_data)
+
+
+def test_rescore_reproduces_the_report_and_uses_the_current_gold(full_run, tmp_path, capsys):
+    full_out, _, full_data = full_run
+    for name in ("samples.jsonl", "eval_config.json"):
+        shutil.copy(full_out / name, tmp_path / name)
+    assert main(["--rescore", "--out", str(tmp_path)]) == 0
+    assert "| gsm8k" in capsys.readouterr().out
+    rescored = json.loads((tmp_path / "report.json").read_text())
+    assert Report.from_dict(rescored) == Report.from_dict(full_data)
+
+    # Re-grading really grades: make a stored prediction the gold answer and it counts.
+    samples = read_samples(tmp_path / "samples.jsonl")
+    wrong = [s for s in samples if s["prediction"] and s["prediction"].strip() and not s["correct"]]
+    if not wrong:
+        pytest.skip("the tiny agent answered every sample correctly")
+    # EM(x, x) is always 1; a short math answer is certainly equivalent to itself.
+    target = min(wrong, key=lambda s: (s["benchmark"] != "hotpotqa", len(s["prediction"])))
+    target["gold"] = [target["prediction"]]
+    (tmp_path / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+    report = rescore(tmp_path)
+    key = (target["benchmark"], target["task_id"], target["sample"])
+    after = {
+        (s["benchmark"], s["task_id"], s["sample"]): s
+        for s in read_samples(tmp_path / "samples.jsonl")
+    }
+    assert after[key]["correct"] is True
+    before = Report.from_dict(full_data).benchmarks[target["benchmark"]].pass_at_k[1]
+    assert report.benchmarks[target["benchmark"]].pass_at_k[1] == pytest.approx(before + 1 / 4)
+
+
+def test_baseline_is_evaluated_alongside_and_compared(tiny_agent_dir, data_dir, tmp_path, capsys):
+    args = eval_args(tiny_agent_dir, tmp_path, data_dir, "--baseline", str(tiny_agent_dir))
+    args[args.index("--benchmarks") + 1] = "synthetic-math"
+    args.remove("--quiet")
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    assert "episode" in captured.err  # the progress bar (tqdm, with its ETA)
+    printed = captured.out
+    assert "model:" in printed and "baseline:" in printed
+    assert " / " in printed and "(+0.000)" in printed  # the same model: no difference
+    assert (tmp_path / "baseline" / "samples.jsonl").exists()
+    assert (tmp_path / "baseline" / "report.json").exists()
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert data["difference"]["synthetic-math"]["pass@1"] == 0.0
+    rows = list(csv.DictReader((tmp_path / "report.csv").open()))
+    assert {"baseline", "difference"} <= set(rows[0])
+
+
+def test_ks_above_n_fail_before_anything_is_loaded(tmp_path, capsys):
+    assert main(["--model", "/does/not/exist", "--pass-k", "1,8", "-n", "4",
+                 "--out", str(tmp_path)]) == 2  # fmt: skip
+    assert "k <= n" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"k=\[8\] with n=4"):
+        evaluate(None, "gsm8k", n=4, ks=[1, 8], sampling=SamplingConfig(), out_dir=tmp_path)
+    assert not (tmp_path / "samples.jsonl").exists()
+
+
+def test_unknown_benchmark_fails_with_the_known_names(tmp_path, capsys):
+    assert main(["--model", "tiny", "--benchmarks", "gsm9k", "--out", str(tmp_path)]) == 2
+    assert "known benchmarks: aime24" in capsys.readouterr().err
+
+
+def test_vllm_backend_says_how_to_install_it(tmp_path, capsys):
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here")
+    code = main(["--model", "tiny", "--backend", "vllm", "--benchmarks", "synthetic-math",
+                 "--pass-k", "1", "-n", "1", "--out", str(tmp_path)])  # fmt: skip
+    assert code == 2
+    assert 'pip install -e ".[vllm]"' in capsys.readouterr().err
+
+
+def test_resume_refuses_samples_of_a_different_configuration(full_run, tmp_path):
+    full_out, _, _ = full_run
+    for name in ("samples.jsonl", "eval_config.json"):
+        shutil.copy(full_out / name, tmp_path / name)
+    with pytest.raises(ValueError, match="different evaluation: sampling"):
+        evaluate(
+            None, "synthetic-math", n=N, ks=[1], sampling=SamplingConfig(48, 0.5),
+            limit=LIMIT, out_dir=tmp_path, max_turns=3, batch_episodes=BATCH, progress=False,
+        )  # fmt: skip
+
+
+def test_read_samples_skips_only_a_torn_last_line(tmp_path):
+    path = tmp_path / "samples.jsonl"
+    good = {"benchmark": "b", "task_id": "t", "sample": 0}
+    path.write_text(json.dumps(good) + "\n" + '{"benchmark": "b", "ta')
+    assert read_samples(path) == [good]
+    path.write_text("{oops\n" + json.dumps(good) + "\n")
+    with pytest.raises(ValueError, match="line 1 is not valid JSON"):
+        read_samples(path)
+
+
+# ---------------------------------------------------------------------- report renderings
+def _result(name: str, p1: float, p4: float) -> BenchmarkResult:
+    return BenchmarkResult(name, 10, 4, {1: p1, 4: p4}, p1, p1, 1.5, 2.0, 30.0, {"answer": 40})
+
+
+def test_table_json_csv_and_plots_with_a_baseline(tmp_path):
+    report = Report(4, [1, 4], {"gsm8k": _result("gsm8k", 0.5, 0.75)}, model="new")
+    baseline = Report(4, [1, 4], {"gsm8k": _result("gsm8k", 0.25, 0.5)}, model="old")
+    table = format_table(report)
+    assert "| gsm8k" in table and "0.500" in table and "0.750" in table and " / " not in table
+    compared = format_table(report, baseline)
+    assert "model: new / baseline: old" in compared
+    assert "0.500 / 0.250 (+0.250)" in compared and "0.750 / 0.500 (+0.250)" in compared
+    assert difference(report, baseline)["gsm8k"]["pass@4"] == pytest.approx(0.25)
+
+    paths = write_report(report, tmp_path, baseline)
+    data = json.loads(paths["json"].read_text())
+    assert data["difference"]["gsm8k"]["pass@1"] == pytest.approx(0.25)
+    assert Report.from_dict(data) == report
+    rows = {r["metric"]: r for r in csv.DictReader(paths["csv"].open())}
+    assert float(rows["pass@1"]["value"]) == 0.5 and float(rows["pass@1"]["baseline"]) == 0.25
+    assert float(rows["pass@1"]["difference"]) == pytest.approx(0.25)
+    assert [p.name for p in paths["plots"]] == ["pass_at_k_gsm8k.png"]
+    assert paths["plots"][0].stat().st_size > 1000
