@@ -388,6 +388,7 @@ class Trainer:
             "train": asdict(self.config),
             "optimizer": self.optimizer.state_dict().get("config"),
         }
+        record = json.loads(json.dumps(record, default=str))  # compared as it is stored
         if self.config.resume and path.exists():
             saved = json.loads(path.read_text())
             keys = ("optimizer", "env", "model", "seed", "batch_size", "benchmark")

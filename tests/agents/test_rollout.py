@@ -89,11 +89,18 @@ def test_tool_calls_really_run(tiny_policy):
 
 
 def test_context_overflow_ends_cleanly(tiny_policy):
-    _, qa = make_envs(3)
-    sampling = SamplingConfig(max_new_tokens=32, temperature=1.0, seed=0)
-    trajectories = rollout(tiny_policy, qa, sampling, max_context=200)
-    assert all(t.end_reason == "context" and t.reward == 0.0 for t in trajectories)
-    assert all(len(t.token_ids) <= 200 + 32 for t in trajectories)
+    _, qa = make_envs(4)
+    sampling = SamplingConfig(max_new_tokens=32, temperature=0.0)
+    prompt = max(
+        len(tiny_policy.chat.encode_prompt(env.reset(seed=0)[1]["messages"])) for env in qa
+    )
+    limit = prompt + 32 + 8  # room for the first turn, not for a search result after it
+    trajectories = rollout(tiny_policy, qa, sampling, max_context=limit)
+    assert {t.end_reason for t in trajectories} <= {"context", "answer"}
+    overflowed = [t for t in trajectories if t.end_reason == "context"]
+    assert overflowed, "the agent searches first, so its episodes must overflow"
+    assert all(t.reward == 0.0 and t.turns >= 1 and not t.correct for t in overflowed)
+    assert all(len(t.token_ids) <= limit + 200 for t in trajectories)
 
 
 def test_stop_strings_follow_the_env_format():

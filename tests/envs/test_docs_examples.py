@@ -31,3 +31,20 @@ def test_registered_envs_pass_check_env():
         env = gym.make(env_id)
         check_env(env.unwrapped)
         env.close()
+
+
+def test_gym_make_with_namespace_needs_no_prior_import():
+    import subprocess
+    import sys
+
+    code = (
+        "import gymnasium as gym\n"
+        "env = gym.make('copes:ToolMath-v0')\n"
+        "obs, info = env.reset(seed=0)\n"
+        "assert 'Question:' in obs and info['task_id'].startswith('synthetic-math-train')\n"
+        "env.close()\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().endswith("ok")
