@@ -213,7 +213,13 @@ def worker_main(
             private_root = True
         except OSError as exc:
             notes.append(f"no private filesystem: {exc}")
-    cwd = "/tmp" if private_root else spec.scratch
+    cwd = spec.scratch
+    if private_root:
+        # A fresh directory of its own inside the private /tmp: when the Python installation
+        # itself lives under /tmp (a venv in a CI checkout), its bind mount shows up in /tmp.
+        cwd = "/tmp/work"
+        os.mkdir(cwd, 0o700)
+        os.chown(cwd, *owner)
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(SANDBOX_ENV, HOME=cwd, TMPDIR=cwd)
