@@ -25,17 +25,42 @@ def append_jsonl(path: Path, record: dict[str, Any], sync: bool = False) -> None
             os.fsync(handle.fileno())
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """All complete records; a torn last line (the process died mid-write) is skipped."""
+def read_jsonl(path: Path, hint: str = "") -> list[dict[str, Any]]:
+    """All records of a JSONL file this project appends to.
+
+    A torn last line (the writer died mid-line) is ignored; a damaged line anywhere else is
+    an error naming it (plus `hint`: how to recover), never silently skipped.
+    """
+    path = Path(path)
     if not path.exists():
         return []
+    text = path.read_text(encoding="utf-8")
+    complete = text[: text.rfind("\n") + 1]  # whatever follows the last newline is torn
     records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for number, line in enumerate(complete.splitlines(), start=1):
+        if not line.strip():
+            continue
         try:
             records.append(json.loads(line))
-        except json.JSONDecodeError:
-            logger.warning("skipping a torn line in %s (the run was interrupted there)", path)
+        except json.JSONDecodeError as exc:
+            raise ValueError(
+                f"{path} line {number} is not valid JSON ({exc.msg}); only a torn last line "
+                f"can be skipped. {hint}"
+            ) from exc
     return records
+
+
+def drop_torn_tail(path: Path) -> None:
+    """Cut anything after the last newline, so appended lines start on a fresh line."""
+    path = Path(path)
+    if not path.exists():
+        return
+    with path.open("rb+") as handle:
+        data = handle.read()
+        keep = data.rfind(b"\n") + 1
+        if keep != len(data):
+            logger.warning("%s: dropping a torn last line (%d bytes)", path, len(data) - keep)
+            handle.truncate(keep)
 
 
 def write_jsonl_atomic(path: Path, records: Iterable[dict[str, Any]]) -> None:

@@ -24,7 +24,7 @@ from copes.agents.policy import SamplingConfig
 from copes.agents.rollout import RolloutBatch, rollout
 from copes.optimizers.base import flag
 from copes.optimizers.perturb import derive_seed
-from copes.run_log import MetricsLog, append_jsonl, read_jsonl
+from copes.run_log import MetricsLog, append_jsonl, drop_torn_tail, read_jsonl
 
 logger = logging.getLogger(__name__)
 
@@ -317,6 +317,8 @@ class Trainer:
             load_state,
         )
 
+        for log in ("es_log.jsonl", "metrics.jsonl"):  # a SIGKILL may leave half a line
+            drop_torn_tail(self.run_dir / log)
         checkpoint = latest_checkpoint(self.run_dir)
         if checkpoint is not None:
             state = load_state(checkpoint)

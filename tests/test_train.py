@@ -81,6 +81,8 @@ def test_es_resume_after_sigkill_is_bit_identical(tmp_path, tiny):
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert len(read_jsonl(killed / "es_log.jsonl")) < 4
+    with open(killed / "es_log.jsonl", "a") as log:  # as if killed in the middle of a line
+        log.write('{"step": 3, "rewa')
     assert train_main([*args, "--out-dir", str(killed), "--resume"]) == 0
 
     final_ref = weights_of(reference / "checkpoints" / "step-000004")

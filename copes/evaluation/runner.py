@@ -32,6 +32,7 @@ from copes.evaluation.benchmarks import EvalBenchmark, get_benchmark, resolve_be
 from copes.evaluation.passk import majority_at_n, mean_at_n, pass_at_k
 from copes.evaluation.report import BenchmarkResult, Report
 from copes.optimizers.perturb import derive_seed
+from copes.run_log import drop_torn_tail, read_jsonl
 
 logger = logging.getLogger(__name__)
 
@@ -63,36 +64,11 @@ def check_ks(ks: Iterable[int], n: int) -> list[int]:
 # ---------------------------------------------------------------------- samples on disk
 def read_samples(path: str | Path) -> list[dict[str, Any]]:
     """The sample records of a samples.jsonl; a torn (unterminated) last line is ignored."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    text = path.read_text(encoding="utf-8")
-    complete = text[: text.rfind("\n") + 1]  # whatever follows the last newline is torn
-    records = []
-    for number, line in enumerate(complete.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise ValueError(
-                f"{path} line {number} is not valid JSON ({exc.msg}); only a torn last line "
-                f"can be skipped. Delete the damaged lines (they are re-generated on resume) "
-                f"or start again with resume=False / --no-resume"
-            ) from exc
-    return records
-
-
-def _drop_torn_tail(path: Path) -> None:
-    """Cut anything after the last newline, so appended lines start on a fresh line."""
-    if not path.exists():
-        return
-    with path.open("rb+") as handle:
-        data = handle.read()
-        keep = data.rfind(b"\n") + 1
-        if keep != len(data):
-            logger.warning("%s: dropping a torn last line (%d bytes)", path, len(data) - keep)
-            handle.truncate(keep)
+    return read_jsonl(
+        Path(path),
+        hint="Delete the damaged lines (they are re-generated on resume) or start again with "
+        "resume=False / --no-resume",
+    )
 
 
 def _append(path: Path, records: Sequence[dict[str, Any]]) -> None:
@@ -264,7 +240,7 @@ def evaluate(
         loaded.append((benchmark, tasks))
     config["task_ids"] = {b.name: [t.id for t in tasks] for b, tasks in loaded}
     if resume:
-        _drop_torn_tail(samples_path)
+        drop_torn_tail(samples_path)
     elif samples_path.exists():
         samples_path.unlink()
     (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
