@@ -44,13 +44,29 @@ def load_tasks(
     return load_benchmark(benchmark, source=source, split=split, limit=limit, data_dir=data_dir)
 
 
-def _check_kind(tasks: Sequence[Task], kind: str, env_name: str) -> None:
+def _resolve_tasks(
+    tasks: Sequence[Task] | None,
+    kind: str,
+    env_name: str,
+    benchmark: str,
+    split: str | None,
+    source: str | Path | None,
+    data_dir: str | Path | None,
+    limit: int | None,
+    task_seed: int,
+) -> Sequence[Task]:
+    """The user's tasks, or the benchmark's; all of them must be of the env's kind."""
+    if tasks is None:
+        tasks = load_tasks(
+            benchmark, split, source=source, data_dir=data_dir, limit=limit, task_seed=task_seed
+        )
     wrong = [t.id for t in tasks if t.kind != kind]
     if wrong:
         raise ValueError(
             f"{env_name} grades {kind} tasks, but {len(wrong)} task(s) are not "
             f"(first: {wrong[0]!r}); use the other environment or fix the task kind"
         )
+    return tasks
 
 
 def tool_math_env(
@@ -74,11 +90,9 @@ def tool_math_env(
 
     `tasks` overrides `benchmark`; `tools` replaces the Python tool; `extra_tools` adds to it.
     """
-    if tasks is None:
-        tasks = load_tasks(
-            benchmark, split, source=source, data_dir=data_dir, limit=limit, task_seed=task_seed
-        )
-    _check_kind(tasks, "math", "ToolMath")
+    tasks = _resolve_tasks(
+        tasks, "math", "ToolMath", benchmark, split, source, data_dir, limit, task_seed
+    )
     if tools is None:
         from copes.envs.tools.python import PythonTool
 
@@ -117,11 +131,9 @@ def tool_qa_env(
     Search runs over each question's own passage pool (the distractor setting) unless
     `corpus_index` names an on-disk open-corpus index (see docs/retrieval.md).
     """
-    if tasks is None:
-        tasks = load_tasks(
-            benchmark, split, source=source, data_dir=data_dir, limit=limit, task_seed=task_seed
-        )
-    _check_kind(tasks, "qa", "ToolQA")
+    tasks = _resolve_tasks(
+        tasks, "qa", "ToolQA", benchmark, split, source, data_dir, limit, task_seed
+    )
     if tools is None:
         from copes.envs.tools.search import SearchTool
 
