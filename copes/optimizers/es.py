@@ -143,6 +143,45 @@ def standardize(values: np.ndarray) -> np.ndarray:
     return (values - values.mean()) / std
 
 
+@dataclass
+class MemberResult:
+    """One evaluated member: its reward (mean over its task batch) and where the time went.
+
+    Small and picklable, so a replica in another process returns this instead of trajectories.
+    """
+
+    member: int
+    reward: float
+    accuracy: float
+    generation_seconds: float = 0.0
+    env_seconds: float = 0.0
+    generated_tokens: int = 0
+    weight_seconds: float = 0.0  # perturb + restore
+
+
+def evaluate_member(policy: Policy, rollout: RolloutFn, member: Perturbation) -> MemberResult:
+    """Perturb the policy's weights, roll out the member's task batch, restore (always)."""
+    weights = policy.weights()
+    start = time.perf_counter()
+    weights.perturb(member)
+    weight_seconds = time.perf_counter() - start
+    try:
+        batch = rollout(policy, member.member)
+    finally:
+        start = time.perf_counter()
+        weights.restore()
+        weight_seconds += time.perf_counter() - start
+    return MemberResult(
+        member=member.member,
+        reward=float(np.mean([t.reward for t in batch])) if batch else 0.0,
+        accuracy=float(np.mean([t.correct for t in batch])) if batch else 0.0,
+        generation_seconds=batch.stats.generation_seconds,
+        env_seconds=batch.stats.env_seconds,
+        generated_tokens=batch.stats.generated_tokens,
+        weight_seconds=weight_seconds,
+    )
+
+
 class CoPES:
     """CoPES (and ES with K = 1) as an ask/tell optimizer over a `WeightSpace`."""
 
@@ -227,40 +266,48 @@ class CoPES:
 
     # ------------------------------------------------------------------ one training step
     def step(self, policy: Policy, rollout: RolloutFn) -> StepStats:
-        """Evaluate every member on the rollout's task batch, then update (one step)."""
+        """Evaluate every member on the rollout's task batch, then update (one step).
+
+        This is the single-process loop; `copes.distributed` runs the same members on many
+        replicas with `ask`, `evaluate_member`, `tell` and `step_stats`.
+        """
         from tqdm.auto import tqdm
 
         step = self.step_count
-        weights = policy.weights()
         members = self.ask(step)
-        stats = StepStats()
-        rewards, correct, weight_seconds = [], [], 0.0
-        for member in tqdm(members, desc=f"step {step} members", leave=False, disable=None):
-            start = time.perf_counter()
-            weights.perturb(member)
-            weight_seconds += time.perf_counter() - start
-            try:
-                batch = rollout(policy, member.member)
-            finally:
-                start = time.perf_counter()
-                weights.restore()
-                weight_seconds += time.perf_counter() - start
-            rewards.append(float(np.mean([t.reward for t in batch])) if batch else 0.0)
-            correct.append(float(np.mean([t.correct for t in batch])) if batch else 0.0)
-            stats.generation_seconds += batch.stats.generation_seconds
-            stats.env_seconds += batch.stats.env_seconds
-            stats.generated_tokens += batch.stats.generated_tokens
+        results = [
+            evaluate_member(policy, rollout, member)
+            for member in tqdm(members, desc=f"step {step} members", leave=False, disable=None)
+        ]
         start = time.perf_counter()
-        self.tell(step, members, rewards, weights)
-        update_seconds = time.perf_counter() - start
-        stats.optimizer_seconds = weight_seconds + update_seconds
+        self.tell(step, members, [r.reward for r in results], policy.weights())
+        return self.step_stats(step, members, results, time.perf_counter() - start)
+
+    def step_stats(
+        self,
+        step: int,
+        members: Sequence[Perturbation],
+        results: Sequence[MemberResult],
+        update_seconds: float,
+    ) -> StepStats:
+        """The log record of a step from its members' results (in member order)."""
+        if [r.member for r in results] != [m.member for m in members]:
+            raise ValueError("one result per member, in member order, is required")
+        rewards = [r.reward for r in results]
+        weight_seconds = sum(r.weight_seconds for r in results)
+        stats = StepStats(
+            generation_seconds=sum(r.generation_seconds for r in results),
+            env_seconds=sum(r.env_seconds for r in results),
+            optimizer_seconds=weight_seconds + update_seconds,
+            generated_tokens=sum(r.generated_tokens for r in results),
+        )
         r = np.asarray(rewards)
         k, nk = self.config.num_subspaces, self.config.members_per_subspace
         stats.metrics = {
             "reward_mean": float(r.mean()),
             "reward_std": float(r.std()),
             "reward_max": float(r.max()),
-            "accuracy": float(np.mean(correct)),
+            "accuracy": float(np.mean([res.accuracy for res in results])),
             "sigma": self.sigma_at(step),
             "learning_rate": self.learning_rate_at(step),
             "perturb_restore_seconds": weight_seconds,
