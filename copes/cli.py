@@ -180,7 +180,7 @@ def train_main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         summary = trainer.run()
-    except FileExistsError as exc:
+    except (FileExistsError, ImportError) as exc:  # ImportError: --workers without Ray
         print(f"copes-train: error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(summary, indent=2))

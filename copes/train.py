@@ -15,6 +15,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,7 @@ class TrainConfig:
     max_new_tokens: int = flag("longest turn in tokens", 96)
     max_turns: int = flag("turns per episode", 4)
     max_context: int | None = flag("tokens per episode (default: the model's context)", None)
+    invalid_penalty: float = flag("reward of a turn with no valid action, negated (0: none)", 0.0)
     temperature: float = flag("GRPO sampling temperature (ES scores greedily, Qiu et al.)", 1.0)
     es_temperature: float = flag("ES reward-evaluation temperature (0 = greedy)", 0.0)
     top_p: float = flag("nucleus sampling for training rollouts", 1.0)
@@ -68,6 +70,11 @@ class TrainConfig:
     tensorboard: bool = flag("also write a TensorBoard log", True)
     progress: bool = flag("show progress bars", True)
     resume: bool = flag("continue the run in out_dir", False)
+    workers: int = flag("ES: Ray actors sharing the population (0: this process, no Ray)", 0)
+    ray_address: str | None = flag(
+        "with --workers: Ray cluster to join, e.g. auto (unset: start one here)", None
+    )
+    checksum_every: int = flag("with --workers: compare replica checksums every M steps", 10)
 
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZERS:
@@ -81,6 +88,13 @@ class TrainConfig:
             raise ValueError(f"budgets must be positive, got steps/tokens/seconds = {budgets}")
         if self.batch_size < 1 or self.eval_tasks < 1 or self.eval_samples < 1:
             raise ValueError("batch_size, eval_tasks and eval_samples must be >= 1")
+        if self.workers < 0 or self.checksum_every < 0:
+            raise ValueError("workers and checksum_every must be >= 0")
+        if self.workers and self.optimizer not in ("es", "copes"):
+            raise ValueError(
+                f"--workers spreads an ES/CoPES population over Ray actors; {self.optimizer} "
+                "trains in one process (use --workers 0)"
+            )
 
 
 # ---------------------------------------------------------------------- rollouts
@@ -152,7 +166,9 @@ def env_factory(config: TrainConfig) -> Callable[[], Any]:
 
     make = tool_math_env if config.env == "ToolMath-v0" else tool_qa_env
     placeholder = load_tasks_for(config, config.train_split, 1)
-    return lambda: make(tasks=placeholder, max_turns=config.max_turns)
+    return lambda: make(
+        tasks=placeholder, max_turns=config.max_turns, invalid_penalty=config.invalid_penalty
+    )
 
 
 def build_optimizer(config: TrainConfig, overrides: dict[str, Any], policy: Any) -> Any:
@@ -213,10 +229,12 @@ class Trainer:
         else:
             samples = self.optimizer.config.group_size
             sampling = SamplingConfig(c.max_new_tokens, temperature=c.temperature, top_p=c.top_p)
-        self.train_rollout = TaskRollout(
-            make_env, train_tasks, c.batch_size, samples, sampling, c.seed, c.same_batch,
-            c.max_context,
+        make_train_rollout = partial(
+            TaskRollout, make_env, train_tasks, c.batch_size, samples, sampling, c.seed,
+            c.same_batch, c.max_context,
         )  # fmt: skip
+        self.train_rollout = make_train_rollout()
+        self._make_train_rollout = make_train_rollout  # what --workers actors build
         eval_sampling = SamplingConfig(c.max_new_tokens, temperature=c.eval_temperature)
         self.eval_rollout = TaskRollout(
             make_env, eval_tasks, len(eval_tasks), c.eval_samples, eval_sampling, c.seed + 1,
@@ -224,6 +242,7 @@ class Trainer:
         )  # fmt: skip
         self.budget = Budget()
         self.log: MetricsLog | None = None  # opened by run()
+        self.population: Any = None  # --workers: RayPopulation, started by run()
 
     # ------------------------------------------------------------------ run
     def run(self) -> dict[str, Any]:
@@ -245,10 +264,15 @@ class Trainer:
             total=c.steps, initial=self.budget.steps, desc="training", disable=not c.progress
         )
         try:
+            if c.workers:
+                self.population = self.start_population()
             while not self.budget.exhausted(c):
                 step = self.budget.steps
                 self.train_rollout.begin_step(step)
-                stats = self.optimizer.step(self.policy, self.train_rollout)
+                if self.population is not None:
+                    stats = self.population.step(self.optimizer, self.policy)
+                else:
+                    stats = self.optimizer.step(self.policy, self.train_rollout)
                 self.budget.steps += 1
                 self.budget.tokens += stats.generated_tokens
                 self.budget.seconds = start_seconds + time.perf_counter() - clock
@@ -272,6 +296,8 @@ class Trainer:
             self.log.close()
             self.train_rollout.close()
             self.eval_rollout.close()
+            if self.population is not None:
+                self.population.close()
         return self.summary()
 
     def validate(self) -> dict[str, float]:
@@ -307,6 +333,21 @@ class Trainer:
             self.run_dir, self.budget.steps, model, self.policy.tokenizer, state, tensors, master,
             keep=self.config.keep_checkpoints,
         )  # fmt: skip
+
+    def start_population(self) -> Any:
+        """W Ray actors, each a replica of this policy and training rollout (no weights sent)."""
+        from copes.agents.hf import HFPolicy, resolve_model_path
+        from copes.distributed import RayPopulation, ReplicaSpec
+
+        c = self.config
+        spec = ReplicaSpec(
+            policy_factory=partial(HFPolicy.from_pretrained, device=c.device, dtype=c.dtype),
+            model_path=resolve_model_path(c.model),
+            rollout_factory=self._make_train_rollout,
+            optimizer_state=self.optimizer.state_dict(),
+            gpus_per_worker=1.0 if self.policy.device.type == "cuda" else 0.0,
+        )
+        return RayPopulation(spec, c.workers, self.run_dir, c.ray_address, c.checksum_every)
 
     # ------------------------------------------------------------------ resume
     def _resume(self) -> None:
