@@ -1,29 +1,16 @@
 """Population evaluation across Ray actors: only seeds and rewards on the wire.
 
-ES needs, per step, one scalar reward per population member, and every member is a pure
-function of (seed, step) (`CoPES.ask`). So W replicas of the policy, each in its own Ray actor
-(a transformers model on CPU/GPU today, one vLLM engine per GPU later), can share the
-population:
+Every ES member is a pure function of (seed, step) (`CoPES.ask`), so W policy replicas, each in
+a Ray actor (`ReplicaWorker`: a transformers model today, one vLLM engine per GPU later), share
+each step's population. The driver (`RayPopulation`) hands (step, member) to whichever actor is
+free; the actor perturbs, rolls out the member's task batch with the same `TaskRollout` as one
+process would, restores, and returns a `MemberResult`. Then every actor, and the driver's own
+replica (the reference: checkpoints, validation, checksums), applies the same `tell`. A dead
+actor's member is re-run elsewhere, and a replacement rebuilds its weights from the latest
+checkpoint plus the seed log. Design, payload sizes and recipes: docs/scaling.md.
 
-1. the driver sends a member index and the step; the actor perturbs its replica, rolls out
-   the member's task batch (chosen from (seed, step) by the same `TaskRollout` as in one
-   process), restores, and returns a `MemberResult` (a few scalars);
-2. members are handed out one at a time to whichever actor is free, so slow rollouts do not
-   hold up the step;
-3. with all N rewards, every actor (and the driver's own replica) applies the same `tell`
-   locally. No weights cross the network after start-up; replica checksums are compared
-   every `checksum_every` steps, and a mismatch raises `ReplicaMismatchError`.
-
-The driver keeps a replica (the trainer's policy) because it is the run's reference: it
-writes the Hugging Face checkpoints with the same code as a one-process run, validates, and is
-what every actor's checksum must equal. Fault tolerance: an actor that dies mid-step (its
-process killed, its node lost) has its members re-run on the others; a replacement actor takes
-its placement-group slot and rebuilds its weights from the latest checkpoint plus the logged
-rewards of the steps since (or, if that folder is not readable on its node, from the initial
-model plus every logged step), so the step's result is the same as without the failure.
-
-Ray is an optional dependency (`pip install "copes[ray]"`); nothing in `copes.optimizers`
-knows about it: the trainer chooses this evaluator with `--workers`.
+Ray is optional (`pip install "copes[ray]"`) and `copes.optimizers` never imports it: the
+trainer chooses this evaluator with `--workers`.
 """
 
 from __future__ import annotations
@@ -200,24 +187,43 @@ class RayPopulation:
                 include_dashboard=False,
                 logging_level=logging.WARNING,
             )
-        bundle = {"CPU": spec.cpus_per_worker}
-        if spec.gpus_per_worker:
-            bundle["GPU"] = spec.gpus_per_worker
-        from ray.util.placement_group import placement_group
-
-        self._group = placement_group([bundle] * workers, strategy="PACK")
-        if not self._wait(self._group.ready(), timeout=ready_timeout):
-            raise RuntimeError(
-                f"Ray could not reserve {workers} workers of {bundle} each within "
-                f"{ready_timeout:.0f} s; the cluster has {ray.cluster_resources()}. Lower "
-                "--workers, or add nodes/GPUs to the cluster."
-            )
+        try:
+            self._group = self._reserve(workers, local=self._owns_ray and address is None)
+        except BaseException:
+            if self._owns_ray:
+                ray.shutdown()
+            raise
         self._actor_class = ray.remote(ReplicaWorker)
         self._workers: list[Any] = []
         self._history: dict[int, list[float]] = {}  # step -> rewards: what replicas replay
         self._steps_applied = 0  # the replicas hold the weights after this many steps
 
     # ------------------------------------------------------------------ actors
+    def _reserve(self, workers: int, local: bool) -> Any:
+        """A placement group of one bundle per worker, reserved before any actor starts."""
+        from ray.util.placement_group import placement_group
+
+        ray, spec = self.ray, self.spec
+        bundle = {"CPU": spec.cpus_per_worker}
+        if spec.gpus_per_worker:
+            bundle["GPU"] = spec.gpus_per_worker
+        if local:  # a local cluster will not grow: say so now, not after a timeout
+            have = ray.cluster_resources()
+            short = [k for k, v in bundle.items() if v * workers > have.get(k, 0)]
+            if short:
+                raise RuntimeError(
+                    f"{workers} workers need {bundle} each but this machine offers {have} "
+                    f"(short of {short}); lower --workers or join a cluster with --ray-address"
+                )
+        group = placement_group([bundle] * workers, strategy="PACK")  # fill a node, then the next
+        if not self._wait(group.ready(), timeout=self.ready_timeout):
+            raise RuntimeError(
+                f"Ray could not reserve {workers} workers of {bundle} each within "
+                f"{self.ready_timeout:.0f} s; the cluster has {ray.cluster_resources()}. Lower "
+                "--workers, or add nodes/GPUs to the cluster."
+            )
+        return group
+
     def _wait(self, ref: Any, timeout: float) -> bool:
         ready, _ = self.ray.wait([ref], timeout=timeout)
         return bool(ready)
@@ -242,7 +248,15 @@ class RayPopulation:
             num_gpus=self.spec.gpus_per_worker,
             max_restarts=0,  # replaced by hand: a restarted actor must rebuild its weights
             scheduling_strategy=PlacementGroupSchedulingStrategy(self._group, slot),
-            runtime_env={"env_vars": {"PYTHONPATH": pythonpath, "OMP_NUM_THREADS": "1"}},
+            # Ray runs workers at nice 15; these do the run's compute, so give them the
+            # driver's priority (one-process rollouts run at 0) and one OpenMP thread each.
+            runtime_env={
+                "env_vars": {
+                    "PYTHONPATH": pythonpath,
+                    "OMP_NUM_THREADS": str(self.spec.torch_threads),
+                    "RAY_worker_niceness": "0",
+                }
+            },
         )
         return actor.remote(self.spec, base, self._history, self._steps_applied)
 

@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import load_file
 
 from copes.cli import parse_train_args, train_main
-from copes.distributed import ReplicaMismatchError
+from copes.distributed import RayPopulation, ReplicaMismatchError, ReplicaSpec
 from copes.run_log import read_jsonl
 from copes.train import Trainer
 
@@ -34,6 +34,16 @@ RUN = [
     "--eval-every", "0", "--checkpoint-every", "1", "--steps", "2", "--no-progress",
     "--no-tensorboard",
 ]  # fmt: skip
+
+
+def test_more_gpus_than_the_machine_has_fail_at_once(tmp_path):
+    """Runs before the module's Ray is up: this population starts (and stops) its own."""
+    assert not ray.is_initialized()
+    spec = ReplicaSpec(policy_factory=print, model_path="unused", rollout_factory=list,
+                       optimizer_state={}, gpus_per_worker=1.0)  # fmt: skip
+    with pytest.raises(RuntimeError, match=r"short of \['GPU'\]"):
+        RayPopulation(spec, workers=2, run_dir=tmp_path)
+    assert not ray.is_initialized()  # the Ray it started is stopped again
 
 
 @pytest.fixture(scope="module")
