@@ -92,8 +92,12 @@ def test_workers_give_the_one_process_weights_bit_for_bit(
     local_ray, reference, tiny, tmp_path, workers
 ):
     out = tmp_path / f"w{workers}"
-    args = [*RUN, *tiny, "--workers", str(workers), "--checksum-every", "1"]
-    assert train_main([*args, "--out-dir", str(out)]) == 0
+    args = [*RUN, *tiny, "--workers", str(workers), "--checksum-every", "1", "--out-dir", str(out)]
+    if workers == 1:  # also: --resume starts fresh actors from the checkpoint (checksummed)
+        assert train_main([*args, "--steps", "1"]) == 0
+        assert train_main([*args, "--resume"]) == 0
+    else:
+        assert train_main(args) == 0
     assert_same_run(out, reference)
     record = next(r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "train")
     assert record["workers"] == workers and record["worker_restarts"] == 0
