@@ -42,7 +42,7 @@ def test_more_gpus_than_the_machine_has_fail_at_once(tmp_path):
     spec = ReplicaSpec(policy_factory=print, model_path="unused", rollout_factory=list,
                        optimizer_state={}, gpus_per_worker=1.0)  # fmt: skip
     with pytest.raises(RuntimeError, match=r"short of \['GPU'\]"):
-        RayPopulation(spec, workers=2, run_dir=tmp_path)
+        RayPopulation(spec, workers=torch.cuda.device_count() + 1, run_dir=tmp_path)
     assert not ray.is_initialized()  # the Ray it started is stopped again
 
 
