@@ -65,6 +65,9 @@ class TrainConfig:
     seed: int = flag("seed of tasks, sampling and perturbations", 0)
     device: str = flag("auto, cpu or cuda", "auto")
     dtype: str = flag("float32 or bfloat16", "float32")
+    backend: str = flag("generation backend: hf (transformers) or vllm", "hf")
+    tensor_parallel_size: int = flag("vllm: GPUs one engine spans", 1)
+    gpu_memory_utilization: float = flag("vllm: fraction of GPU memory the engine takes", 0.85)
     tensorboard: bool = flag("also write a TensorBoard log", True)
     progress: bool = flag("show progress bars", True)
     resume: bool = flag("continue the run in out_dir", False)
@@ -79,6 +82,8 @@ class TrainConfig:
             raise ValueError("no budget: set steps, max_tokens or max_seconds")
         if any(b is not None and b <= 0 for b in budgets):
             raise ValueError(f"budgets must be positive, got steps/tokens/seconds = {budgets}")
+        if self.backend not in ("hf", "vllm"):
+            raise ValueError(f"unknown backend {self.backend!r}; choose hf or vllm")
         if self.batch_size < 1 or self.eval_tasks < 1 or self.eval_samples < 1:
             raise ValueError("batch_size, eval_tasks and eval_samples must be >= 1")
 
@@ -155,6 +160,21 @@ def env_factory(config: TrainConfig) -> Callable[[], Any]:
     return lambda: make(tasks=placeholder, max_turns=config.max_turns)
 
 
+def build_policy(config: TrainConfig) -> Any:
+    """The policy of a run; with vLLM, GRPO also gets a transformers copy to train."""
+    if config.backend == "vllm":
+        from copes.agents.vllm import VLLMPolicy
+
+        return VLLMPolicy.from_pretrained(
+            config.model, dtype=config.dtype, seed=config.seed, device=config.device,
+            tensor_parallel_size=config.tensor_parallel_size,
+            gpu_memory_utilization=config.gpu_memory_utilization, trainable=not is_es(config),
+        )  # fmt: skip
+    from copes.agents.hf import HFPolicy
+
+    return HFPolicy.from_pretrained(config.model, device=config.device, dtype=config.dtype)
+
+
 def build_optimizer(config: TrainConfig, overrides: dict[str, Any], policy: Any) -> Any:
     """The optimizer named in `config`, its own config built from `overrides` (CLI flags)."""
     if config.optimizer in ("es", "copes"):
@@ -197,12 +217,10 @@ class Trainer:
     optimizer_overrides: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        from copes.agents.hf import HFPolicy
-
         c = self.config
         self.run_dir = Path(c.out_dir)
         torch.manual_seed(c.seed)
-        self.policy = HFPolicy.from_pretrained(c.model, device=c.device, dtype=c.dtype)
+        self.policy = build_policy(c)
         self.optimizer = build_optimizer(c, self.optimizer_overrides, self.policy)
         train_tasks = load_tasks_for(c, c.train_split, c.num_train_tasks)
         eval_tasks = load_tasks_for(c, c.eval_split, c.eval_tasks)
@@ -274,6 +292,12 @@ class Trainer:
             self.eval_rollout.close()
         return self.summary()
 
+    def close(self) -> None:
+        """Release the policy's engine (vLLM processes and GPU memory), if it has one."""
+        close = getattr(self.policy, "close", None)
+        if close is not None:
+            close()
+
     def validate(self) -> dict[str, float]:
         """pass@1 (averaged over n samples) on the held-out split, with the current weights."""
         batch = self.eval_rollout(self.policy, None)
@@ -299,7 +323,7 @@ class Trainer:
         state = {"budget": asdict(self.budget), "optimizer": optimizer_state,
                  "config": asdict(self.config)}  # fmt: skip
         merged = getattr(self.optimizer, "merged_model", None)
-        model = merged() if merged is not None else self.policy.model
+        model = merged() if merged is not None else self.policy.export_model()
         master = None
         if is_es(self.config) and any(p.dtype != torch.float32 for p in model.parameters()):
             master = self.policy.weights().master_state()  # bf16 weights cannot hold it
@@ -365,10 +389,8 @@ class Trainer:
 
         if self.config.optimizer == "lora-grpo":
             return  # base model + the adapter saved in the optimizer state (merged != base)
-        loaded = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=self.policy.model.dtype)
-        result = self.policy.model.load_state_dict(loaded.state_dict(), strict=False)
-        if result.unexpected_keys or [k for k in result.missing_keys if "lm_head" not in k]:
-            raise RuntimeError(f"checkpoint {checkpoint} does not match the model: {result}")
+        loaded = AutoModelForCausalLM.from_pretrained(checkpoint, dtype="auto")
+        self.policy.load_weights(loaded.state_dict())
         if is_es(self.config):
             self.policy.weights().sync_from_working()
 
