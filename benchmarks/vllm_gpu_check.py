@@ -155,15 +155,18 @@ def parity(policy: Any, model_path: str, prompts: list[list[int]], dtype: str) -
     sampling = SamplingConfig(max_new_tokens=32, temperature=0)
     ours, theirs = policy.generate_ids(prompts, sampling), hf.generate_ids(prompts, sampling)
     identical = [a.token_ids == b.token_ids for a, b in zip(ours, theirs, strict=True)]
-    first_diff = []
+    divergence = []  # index of the first differing token, None where identical
     for a, b in zip(ours, theirs, strict=True):
-        n = min(len(a.token_ids), len(b.token_ids))
-        first_diff.append(next((i for i in range(n) if a.token_ids[i] != b.token_ids[i]), n))
-    logprob_gap = max(
-        (abs(x - y) for a, b, d in zip(ours, theirs, first_diff, strict=True)
-         for x, y in zip(a.logprobs[:d], b.logprobs[:d], strict=True)),
-        default=0.0,
-    )  # fmt: skip
+        pairs = zip(a.token_ids, b.token_ids, strict=False)
+        first = next((i for i, (x, y) in enumerate(pairs) if x != y), None)
+        if first is None and len(a.token_ids) != len(b.token_ids):
+            first = min(len(a.token_ids), len(b.token_ids))
+        divergence.append(first)
+    gaps = [  # log-prob differences over the tokens both backends generated alike
+        abs(x - y)
+        for a, b, d in zip(ours, theirs, divergence, strict=True)
+        for x, y in zip(a.logprobs[:d], b.logprobs[:d], strict=False)
+    ]
     del hf
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -171,8 +174,8 @@ def parity(policy: Any, model_path: str, prompts: list[list[int]], dtype: str) -
         "checksum_equal_at_start": same_start,
         "checksum_equal_after_update": same_after,
         "greedy_identical_fraction": sum(identical) / len(identical),
-        "first_divergence_token": first_diff,
-        "max_logprob_gap_before_any_divergence": logprob_gap,
+        "first_divergence_token": divergence,
+        "max_logprob_gap_on_identical_tokens": max(gaps, default=0.0),
     }
 
 

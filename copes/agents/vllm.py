@@ -3,9 +3,10 @@
 Generation goes through `vllm.LLM` from token ids (the rollout's growing sequences), with
 the same `SamplingConfig` semantics as the transformers backend: stop strings kept, per-prompt
 seeds, and the log-prob of every sampled token under the raw model distribution (vLLM's
-default `raw_logprobs`). ES/CoPES never see vLLM: `weights()` returns `VLLMWeights`, a proxy
-with the `WeightSpace` methods that runs them inside the workers (`copes.agents.vllm_worker`)
-on Hugging Face-named views of the engine's fused, sharded tensors.
+default `raw_logprobs`). ES/CoPES never see vLLM: `weights()` returns `VLLMWeights`
+(`copes.agents.vllm_weights`), a proxy with the `WeightSpace` methods that runs them inside the
+workers (`copes.agents.vllm_worker`) on Hugging Face-named views of the engine's fused,
+sharded tensors.
 
 Weight changes and the prefix cache: every change (perturb, restore, update, a GRPO sync)
 resets vLLM's prefix cache, so a cached KV block is never reused under other weights.
@@ -17,20 +18,22 @@ train; before each generation, if its parameters changed, they are copied into t
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
+import shutil
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from copes.agents.chat import ChatFormat
 from copes.agents.hf import resolve_model_path
 from copes.agents.policy import FinishReason, Generation, SamplingConfig
-from copes.optimizers.perturb import DEFAULT_CHUNK_SIZE, Perturbation
+
+if TYPE_CHECKING:
+    from copes.agents.vllm_weights import VLLMWeights
 
 logger = logging.getLogger(__name__)
 
@@ -70,9 +73,12 @@ def hf_state_dict(model: Any) -> dict[str, torch.Tensor]:
     return state
 
 
-def _scratch_dir() -> str:
-    """Where weight files for the workers go: shared memory when the OS has it."""
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+def scratch_dir(needed_bytes: int) -> str | None:
+    """Where weight files for the workers go: shared memory when it has room (containers
+    often give /dev/shm 64 MiB), else the temporary directory (`TMPDIR`)."""
+    shm = "/dev/shm"
+    writable = os.path.isdir(shm) and os.access(shm, os.W_OK)
+    return shm if writable and shutil.disk_usage(shm).free > 1.2 * needed_bytes else None
 
 
 class VLLMPolicy:
@@ -199,6 +205,8 @@ class VLLMPolicy:
         self._trainable = value
 
     def weights(self) -> VLLMWeights:
+        from copes.agents.vllm_weights import VLLMWeights
+
         if self._weights is None:
             self._weights = VLLMWeights(self)
         return self._weights
@@ -306,7 +314,8 @@ class VLLMPolicy:
         if missing := [n for n in names if n not in state]:
             raise KeyError(f"weights lack {len(missing)} tensors of the model, e.g. {missing[:3]}")
         cast = {n: state[n].detach().to("cpu", self.engine_dtype).contiguous() for n in names}
-        with tempfile.TemporaryDirectory(dir=_scratch_dir()) as folder:
+        size = sum(t.numel() * t.element_size() for t in cast.values())
+        with tempfile.TemporaryDirectory(dir=scratch_dir(size)) as folder:
             path = str(Path(folder) / "weights.safetensors")
             save_file(cast, path)
             digests = self.llm.collective_rpc("copes_load_weights", args=(path,))
@@ -346,105 +355,4 @@ class VLLMPolicy:
         return model
 
 
-class VLLMWeights:
-    """The `WeightSpace` of a `VLLMPolicy`: same methods, run in every worker on its shards.
-
-    Only seeds, coefficients and file paths cross the process boundary; every worker
-    regenerates the same noise, so replicas and shards stay bit-identical.
-    """
-
-    def __init__(
-        self,
-        policy: VLLMPolicy,
-        chunk_size: int = DEFAULT_CHUNK_SIZE,
-        backup_device: str = "cpu",
-    ) -> None:
-        self.policy = policy
-        self.chunk_size = chunk_size
-        sizes = policy.llm.collective_rpc("copes_init_space", args=(chunk_size, backup_device))
-        self.num_coordinates = int(sizes[0])
-        self.names = [n for n, _ in policy.layout]
-
-    def _call(self, method: str, *args: Any) -> list[Any]:
-        return self.policy.llm.collective_rpc(method, args=args)
-
-    def _changed(self) -> None:
-        self.policy.reset_cache()
-
-    def perturb(self, perturbation: Perturbation) -> None:
-        from copes.agents.vllm_worker import encode_perturbation
-
-        self._call("copes_perturb", encode_perturbation(perturbation))
-        self._changed()
-
-    def restore(self) -> None:
-        self._call("copes_restore")
-        self._changed()
-
-    def update(
-        self,
-        perturbations: Sequence[Perturbation],
-        coefficients: Sequence[float],
-        learning_rate: float,
-    ) -> None:
-        from copes.agents.vllm_worker import encode_perturbation
-
-        if len(perturbations) != len(coefficients):
-            raise ValueError("one coefficient per perturbation is required")
-        encoded = [encode_perturbation(p) for p in perturbations]
-        self._call("copes_update", encoded, [float(c) for c in coefficients], float(learning_rate))
-        self._changed()
-
-    def checksum(self) -> str:
-        """With one worker, exactly `WeightSpace.checksum()` of the same weights (so it equals
-        the transformers backend's); with several, a digest of their checksums."""
-        sums = self._call("copes_checksum")
-        if len(sums) == 1:
-            return sums[0]
-        return hashlib.sha256("".join(sums).encode()).hexdigest()
-
-    def subspace_sizes(self, partition_seed: int, num_subspaces: int) -> list[int]:
-        return self._call("copes_subspace_sizes", partition_seed, num_subspaces)[0]
-
-    def sync_from_working(self) -> None:
-        self._call("copes_sync_from_working")
-
-    def master_state(self) -> dict[str, torch.Tensor]:
-        """The fp32 master as full HF tensors (shards of every worker put together)."""
-        from safetensors.torch import load_file
-
-        with tempfile.TemporaryDirectory(dir=_scratch_dir()) as folder:
-            parts = [load_file(p) for p in self._call("copes_save_master", folder)]
-        state = {}
-        for name, shape in self.policy.layout:
-            full = torch.empty(shape, dtype=torch.float32)
-            for part, shards in zip(parts, self.policy.rank_shards, strict=True):
-                shard = shards.get(name)
-                target = (
-                    full
-                    if shard is None
-                    else full.narrow(shard.dim, shard.start, shard.stop - shard.start)
-                )
-                target.copy_(part[name])
-            state[name] = full
-        return state
-
-    def load_master_state(self, state: dict[str, torch.Tensor]) -> None:
-        """Replace the master (full HF tensors, e.g. from a checkpoint) and restore."""
-        from safetensors.torch import save_file
-
-        if missing := [n for n in self.names if n not in state]:
-            raise KeyError(f"state has no tensor {missing[0]!r}")
-        full = {n: state[n].float().reshape(s).contiguous() for n, s in self.policy.layout}
-        with tempfile.TemporaryDirectory(dir=_scratch_dir()) as folder:
-            path = str(Path(folder) / "master.safetensors")
-            save_file(full, path)
-            self._call("copes_load_master", path)
-        self._changed()
-
-    def memory_bytes(self) -> int:
-        """Bytes of fp32 master, all workers together."""
-        return 4 * self.num_coordinates
-
-
-__all__ = ["EXTENSION", "VLLMPolicy", "VLLMWeights", "hf_layout", "hf_state_dict"]
+__all__ = ["EXTENSION", "VLLMPolicy", "hf_layout", "hf_state_dict", "scratch_dir"]
