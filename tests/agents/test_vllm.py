@@ -2,7 +2,9 @@
 
 Runs only where vLLM imports (CI's second virtual environment, `.ci/run`); elsewhere the
 module is skipped with the reason. One engine serves every test: the `engine` fixture puts
-its weights back to the base model after each test.
+its weights back to the base model after each test. It runs with tensor parallelism 2, so
+every comparison also checks the mapping of TP shards (row- and column-split, vocabulary
+split, KV heads) back to Hugging Face tensors; the CLI tests run TP 1.
 """
 
 from __future__ import annotations
@@ -45,8 +47,9 @@ def vllm_policy(tiny_agent_dir):
     }.items():
         os.environ.setdefault(name, value)
     policy = VLLMPolicy.from_pretrained(
-        tiny_agent_dir, dtype="float32", max_model_len=1024, trainable=True, device="cpu"
-    )
+        tiny_agent_dir, dtype="float32", max_model_len=1024, trainable=True, device="cpu",
+        tensor_parallel_size=2,
+    )  # fmt: skip
     yield policy
     policy.close()
 
@@ -70,10 +73,23 @@ def math_envs(n, copies=1):
     return [tool_math_env(tasks=[t], max_turns=3) for t in tasks for _ in range(copies)]
 
 
+def assert_same_master(engine, tiny_policy):
+    ours, theirs = engine.weights().master_state(), tiny_policy.weights().master_state()
+    assert set(ours) == set(theirs)
+    for name, tensor in theirs.items():
+        assert torch.equal(ours[name], tensor), name
+
+
 def test_hf_layout_is_the_transformers_backends_weight_order(engine, tiny_policy):
     assert [n for n, _ in engine.layout] == tiny_policy.weights().names
-    assert engine.weights().checksum() == tiny_policy.weights().checksum()
     assert engine.max_context == 1024
+    first, second = engine.rank_shards  # two ranks, each holding halves of split tensors
+    down = "model.layers.0.mlp.down_proj.weight"  # row-parallel: split by columns
+    assert (first[down].dim, first[down].start, second[down].start) == (1, 0, 256)
+    vocab = first["model.embed_tokens.weight"], second["model.embed_tokens.weight"]
+    assert (vocab[0].stop, vocab[1].start, vocab[1].stop) == (544, 544, 1032)  # padded split
+    assert "model.norm.weight" not in first  # replicated: whole on every rank
+    assert_same_master(engine, tiny_policy)
 
 
 def test_greedy_generations_are_identical_to_transformers(engine, tiny_policy):
@@ -153,13 +169,8 @@ def test_a_copes_step_gives_the_same_weights_on_both_backends(engine, tiny_polic
         ours = CoPES(config).step(engine, rollout_fn)
         theirs = CoPES(config).step(tiny_policy, rollout_fn)
         assert ours.log["rewards"] == theirs.log["rewards"]
-        assert engine.weights().checksum() == tiny_policy.weights().checksum()
-        vllm_master, hf_master = (
-            engine.weights().master_state(),
-            tiny_policy.weights().master_state(),
-        )
-        for name, tensor in hf_master.items():
-            torch.testing.assert_close(vllm_master[name], tensor, rtol=0, atol=1e-6)
+        assert_same_master(engine, tiny_policy)  # bit-identical, at TP 2
+        hf_master = tiny_policy.weights().master_state()
         assert any(not torch.equal(hf_master[n], hf_before[n]) for n in hf_master)
     finally:
         tiny_policy.weights().load_master_state(hf_before)
