@@ -24,7 +24,7 @@ for _name, _value in {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND"
 # checksum and checkpoint on both backends); the update itself is compared with varying
 # rewards in tests/agents/test_vllm.py.
 FAST = [
-    "--env", "ToolQA-v0", "--batch-size", "3", "--max-new-tokens", "32", "--max-turns", "2",
+    "--env", "ToolQA-v0", "--batch-size", "2", "--max-new-tokens", "32", "--max-turns", "2",
     "--eval-tasks", "2", "--eval-every", "0", "--num-train-tasks", "20", "--no-progress",
     "--no-tensorboard", "--checkpoint-every", "1", "--dtype", "float32", "--device", "cpu",
 ]  # fmt: skip
@@ -34,18 +34,24 @@ def latest(out):
     return out / "checkpoints" / (out / "checkpoints" / "latest").read_text()
 
 
-def test_an_es_run_on_vllm_ends_with_the_transformers_runs_weights(
+def test_an_es_run_on_vllm_resumed_ends_with_the_transformers_runs_weights(
     tmp_path, tiny_agent_dir, capsys
 ):
-    es = [*FAST, "--model", str(tiny_agent_dir), "--optimizer", "copes", "--steps", "1",
-          "--population-size", "4", "--num-subspaces", "2", "--sigma", "0.05",
-          "--learning-rate", "0.05"]  # fmt: skip
+    es = [*FAST, "--model", str(tiny_agent_dir), "--optimizer", "es",
+          "--population-size", "2", "--sigma", "0.05", "--learning-rate", "0.05"]  # fmt: skip
+    hf, vllm = tmp_path / "hf", tmp_path / "vllm"
+    runs = {  # the vLLM run stops after step 1 and resumes (weights loaded into the engine)
+        "hf": [["--steps", "2", "--out-dir", str(hf)]],
+        "vllm": [["--steps", "1", "--out-dir", str(vllm)],
+                 ["--steps", "2", "--out-dir", str(vllm), "--resume"]],
+    }  # fmt: skip
     summaries = {}
-    for backend in ("hf", "vllm"):
-        assert train_main([*es, "--backend", backend, "--out-dir", str(tmp_path / backend)]) == 0
+    for backend, commands in runs.items():
+        for extra in commands:
+            assert train_main([*es, *extra, "--backend", backend]) == 0
         out = capsys.readouterr().out  # the summary is the last thing printed
         summaries[backend] = json.loads(out[out.rindex('{\n  "run_dir"') :])
-    hf, vllm = tmp_path / "hf", tmp_path / "vllm"
+    assert summaries["vllm"]["steps"] == summaries["hf"]["steps"] == 2
     assert [e["rewards"] for e in read_jsonl(vllm / "es_log.jsonl")] == [
         e["rewards"] for e in read_jsonl(hf / "es_log.jsonl")
     ]

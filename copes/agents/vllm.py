@@ -117,7 +117,6 @@ class VLLMPolicy:
         self._trainable = trainable_model
         self._synced_version: tuple[int, ...] | None = self._version()
         self._weights: VLLMWeights | None = None
-        self._eos_ids = {tokenizer.eos_token_id} - {None}
 
     @classmethod
     def from_pretrained(
