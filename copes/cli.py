@@ -183,6 +183,8 @@ def train_main(argv: Sequence[str] | None = None) -> int:
     except (FileExistsError, ImportError) as exc:  # ImportError: --workers without Ray
         print(f"copes-train: error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        trainer.close()
     print(json.dumps(summary, indent=2))
     return 0
 

@@ -67,6 +67,9 @@ class TrainConfig:
     seed: int = flag("seed of tasks, sampling and perturbations", 0)
     device: str = flag("auto, cpu or cuda", "auto")
     dtype: str = flag("float32 or bfloat16", "float32")
+    backend: str = flag("generation backend: hf (transformers) or vllm", "hf")
+    tensor_parallel_size: int = flag("vllm: GPUs one engine spans", 1)
+    gpu_memory_utilization: float = flag("vllm: fraction of GPU memory the engine takes", 0.85)
     tensorboard: bool = flag("also write a TensorBoard log", True)
     progress: bool = flag("show progress bars", True)
     resume: bool = flag("continue the run in out_dir", False)
@@ -86,6 +89,8 @@ class TrainConfig:
             raise ValueError("no budget: set steps, max_tokens or max_seconds")
         if any(b is not None and b <= 0 for b in budgets):
             raise ValueError(f"budgets must be positive, got steps/tokens/seconds = {budgets}")
+        if self.backend not in ("hf", "vllm"):
+            raise ValueError(f"unknown backend {self.backend!r}; choose hf or vllm")
         if self.batch_size < 1 or self.eval_tasks < 1 or self.eval_samples < 1:
             raise ValueError("batch_size, eval_tasks and eval_samples must be >= 1")
         if self.workers < 0 or self.checksum_every < 0:
@@ -171,6 +176,26 @@ def env_factory(config: TrainConfig) -> Callable[[], Any]:
     )
 
 
+def build_policy(config: TrainConfig) -> Any:
+    """The policy of a run; with vLLM, GRPO also gets a transformers copy to train."""
+    if config.backend == "vllm":
+        from copes.agents.vllm import VLLMPolicy
+
+        return VLLMPolicy.from_pretrained(
+            config.model, dtype=config.dtype, seed=config.seed, device=config.device,
+            tensor_parallel_size=config.tensor_parallel_size,
+            gpu_memory_utilization=config.gpu_memory_utilization, trainable=not is_es(config),
+        )  # fmt: skip
+    from copes.agents.hf import HFPolicy
+
+    return HFPolicy.from_pretrained(config.model, device=config.device, dtype=config.dtype)
+
+
+def build_replica_policy(config: TrainConfig, model_path: str) -> Any:
+    """A `--workers` actor's policy: the run's backend, loaded from `model_path`."""
+    return build_policy(replace(config, model=model_path))
+
+
 def build_optimizer(config: TrainConfig, overrides: dict[str, Any], policy: Any) -> Any:
     """The optimizer named in `config`, its own config built from `overrides` (CLI flags)."""
     if config.optimizer in ("es", "copes"):
@@ -213,12 +238,10 @@ class Trainer:
     optimizer_overrides: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        from copes.agents.hf import HFPolicy
-
         c = self.config
         self.run_dir = Path(c.out_dir)
         torch.manual_seed(c.seed)
-        self.policy = HFPolicy.from_pretrained(c.model, device=c.device, dtype=c.dtype)
+        self.policy = build_policy(c)
         self.optimizer = build_optimizer(c, self.optimizer_overrides, self.policy)
         train_tasks = load_tasks_for(c, c.train_split, c.num_train_tasks)
         eval_tasks = load_tasks_for(c, c.eval_split, c.eval_tasks)
@@ -300,6 +323,12 @@ class Trainer:
                 self.population.close()
         return self.summary()
 
+    def close(self) -> None:
+        """Release the policy's engine (vLLM processes and GPU memory), if it has one."""
+        close = getattr(self.policy, "close", None)
+        if close is not None:
+            close()
+
     def validate(self) -> dict[str, float]:
         """pass@1 (averaged over n samples) on the held-out split, with the current weights."""
         batch = self.eval_rollout(self.policy, None)
@@ -325,7 +354,7 @@ class Trainer:
         state = {"budget": asdict(self.budget), "optimizer": optimizer_state,
                  "config": asdict(self.config)}  # fmt: skip
         merged = getattr(self.optimizer, "merged_model", None)
-        model = merged() if merged is not None else self.policy.model
+        model = merged() if merged is not None else self.policy.export_model()
         master = None
         if is_es(self.config) and any(p.dtype != torch.float32 for p in model.parameters()):
             master = self.policy.weights().master_state()  # bf16 weights cannot hold it
@@ -336,16 +365,23 @@ class Trainer:
 
     def start_population(self) -> Any:
         """W Ray actors, each a replica of this policy and training rollout (no weights sent)."""
-        from copes.agents.hf import HFPolicy, resolve_model_path
+        from copes.agents.hf import resolve_model_path
         from copes.distributed import RayPopulation, ReplicaSpec
 
         c = self.config
+        if c.backend == "vllm":  # one engine per actor, tensor parallel inside it
+            import torch
+
+            on_gpu = torch.cuda.is_available() and c.device != "cpu"
+            gpus = float(c.tensor_parallel_size) if on_gpu else 0.0
+        else:
+            gpus = 1.0 if self.policy.device.type == "cuda" else 0.0
         spec = ReplicaSpec(
-            policy_factory=partial(HFPolicy.from_pretrained, device=c.device, dtype=c.dtype),
+            policy_factory=partial(build_replica_policy, c),
             model_path=resolve_model_path(c.model),
             rollout_factory=self._make_train_rollout,
             optimizer_state=self.optimizer.state_dict(),
-            gpus_per_worker=1.0 if self.policy.device.type == "cuda" else 0.0,
+            gpus_per_worker=gpus,
         )
         return RayPopulation(spec, c.workers, self.run_dir, c.ray_address, c.checksum_every)
 
@@ -406,10 +442,8 @@ class Trainer:
 
         if self.config.optimizer == "lora-grpo":
             return  # base model + the adapter saved in the optimizer state (merged != base)
-        loaded = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=self.policy.model.dtype)
-        result = self.policy.model.load_state_dict(loaded.state_dict(), strict=False)
-        if result.unexpected_keys or [k for k in result.missing_keys if "lm_head" not in k]:
-            raise RuntimeError(f"checkpoint {checkpoint} does not match the model: {result}")
+        loaded = AutoModelForCausalLM.from_pretrained(checkpoint, dtype="auto")
+        self.policy.load_weights(loaded.state_dict())
         if is_es(self.config):
             self.policy.weights().sync_from_working()
 

@@ -118,6 +118,16 @@ class HFPolicy:
             self._weights = WeightSpace.from_module(self.model)
         return self._weights
 
+    def export_model(self) -> Any:
+        """The transformers model to `save_pretrained` in a checkpoint: the live one."""
+        return self.model
+
+    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
+        """Replace the live weights with HF-named tensors (e.g. a checkpoint's)."""
+        result = self.model.load_state_dict(state, strict=False)
+        if result.unexpected_keys or [k for k in result.missing_keys if "lm_head" not in k]:
+            raise RuntimeError(f"weights do not match the model: {result}")
+
     def generate(
         self,
         conversations: Sequence[Sequence[dict[str, Any]]],

