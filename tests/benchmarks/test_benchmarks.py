@@ -106,3 +106,22 @@ def test_learning_quick_end_to_end_and_resume(tmp_path, tiny_agent_dir):
         text=True, timeout=120,
     )  # fmt: skip
     assert other_budget.returncode != 0 and "holds a finished run" in other_budget.stderr
+
+
+@pytest.mark.slow
+def test_memory_small_end_to_end(tmp_path, tiny_agent_dir):
+    out_file = tmp_path / "memory.json"
+    run_script(BENCHMARKS / "memory.py", "--model", tiny_agent_dir, "--lengths", "48", "96",
+               "--optimizers", "es", "grpo", "--out", out_file)  # fmt: skip
+    out = json.loads(out_file.read_text())
+    measured = {(m["optimizer"], m["length"]): m for m in out["measured"]}
+    assert set(measured) == {("es", 48), ("es", 96), ("grpo", 48), ("grpo", 96)}
+    for m in measured.values():
+        assert "error" not in m, m.get("error")
+        assert m["peak_during_step_mib"] >= m["rss_before_step_mib"] > 50
+        assert m["ru_maxrss_mib"] >= m["peak_during_step_mib"] - 1
+    # GRPO holds gradients and AdamW states on top of what ES holds
+    assert measured[("grpo", 96)]["step_increase_mib"] > measured[("es", 96)]["step_increase_mib"]
+    plain = out["theory"]["variants"]["batch 1"]
+    assert [r["seq_len"] for r in plain["rows_gib"]] == [8192, 32768, 131072]
+    assert plain["claim_copes_below_one_eighth"] == [r["grpo/copes"] > 8 for r in plain["rows_gib"]]
