@@ -125,3 +125,24 @@ def test_memory_small_end_to_end(tmp_path, tiny_agent_dir):
     plain = out["theory"]["variants"]["batch 1"]
     assert [r["seq_len"] for r in plain["rows_gib"]] == [8192, 32768, 131072]
     assert plain["claim_copes_below_one_eighth"] == [r["grpo/copes"] > 8 for r in plain["rows_gib"]]
+
+
+@pytest.mark.slow
+def test_es_overhead_small_end_to_end(tmp_path, tiny_agent_dir):
+    out_file = tmp_path / "overhead.json"
+    run_script(BENCHMARKS / "es_overhead.py", "--model", tiny_agent_dir, "--population", "4",
+               "--batch-size", "2", "--steps", "1", "--subspaces", "1", "2",
+               "--max-new-tokens", "32", "--out", out_file)  # fmt: skip
+    out = json.loads(out_file.read_text())
+    assert set(out["runs"]) == {"es", "copes-k2"}
+    for run in out["runs"].values():
+        assert [s["step"] for s in run["steps"]] == [0, 1]
+        for s in run["steps"]:
+            parts = s["generation"] + s["environment"] + s["perturb_restore"] + s["update"]
+            assert 0 < parts <= s["total"] + 1e-6 and s["other"] >= -1e-6
+            assert s["perturb_restore"] > 0 and s["update"] > 0 and s["generation"] > 0
+            assert s["grading_summed"] > 0  # every episode ends in a graded answer or a cut
+        mean = run["mean"]
+        assert mean["weight_fraction"] == pytest.approx(
+            (mean["perturb_restore"] + mean["update"]) / mean["total"]
+        )
