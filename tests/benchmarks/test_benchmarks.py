@@ -1,11 +1,15 @@
 """The benchmark scripts: their report logic on hand-made runs, and each end to end (small)."""
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+
+from copes.run_log import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCHMARKS = ROOT / "benchmarks"
@@ -106,6 +110,30 @@ def test_learning_quick_end_to_end_and_resume(tmp_path, tiny_agent_dir):
         text=True, timeout=120,
     )  # fmt: skip
     assert other_budget.returncode != 0 and "holds a finished run" in other_budget.stderr
+
+
+@pytest.mark.slow
+def test_learning_resumes_a_killed_run(tmp_path, tiny_agent_dir):
+    args = [BENCHMARKS / "learning.py", "--quick", "--methods", "es", "--budget", "1500",
+            "--model", tiny_agent_dir, "--runs-dir", tmp_path / "runs",
+            "--results-dir", tmp_path / "results"]  # fmt: skip
+    log = tmp_path / "runs" / "es-seed0" / "es_log.jsonl"
+    proc = subprocess.Popen([sys.executable, *map(str, args)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.time() + 300
+    while time.time() < deadline and not (log.exists() and log.read_text().count("\n") >= 1):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (tmp_path / "runs" / "es-seed0" / "result.json").exists()
+    run_script(*args)
+    records = read_jsonl(tmp_path / "runs" / "es-seed0" / "metrics.jsonl")
+    steps = [e["step"] for e in read_jsonl(log)]
+    assert steps == list(range(len(steps))) and len(steps) >= 2  # replayed, then continued
+    validated = [r["step"] for r in records if r["kind"] == "validation"]
+    assert validated == sorted(set(validated)) and validated[0] == 0
+    result = json.loads((tmp_path / "results" / "learning-quick.json").read_text())
+    assert result["methods"]["es"]["seeds"] == 1 and not result["failed_runs"]
 
 
 @pytest.mark.slow
