@@ -73,6 +73,9 @@ class RolloutStats:
     env_seconds: float = 0.0  # tool calls and grading, wall time of the parallel steps
     generated_tokens: int = 0
     generate_calls: int = 0
+    # Inside env_seconds, summed over episodes (threads overlap, so the sums may exceed it):
+    tool_seconds: float = 0.0  # in tool calls (ToolEnv's info["tool_seconds"])
+    grade_seconds: float = 0.0  # in the grader (info["grade_seconds"])
 
 
 class RolloutBatch(list):
@@ -89,6 +92,8 @@ class _Episode:
     trajectory: Trajectory
     tools: list[dict[str, Any]] | None
     done: bool = False
+    tool_seconds: float = 0.0
+    grade_seconds: float = 0.0
 
 
 def _start(policy: Policy, env: gym.Env, seed: int | None, options: dict | None) -> _Episode:
@@ -114,6 +119,8 @@ def _step(policy: Policy, episode: _Episode, generation: Generation) -> None:
     traj.generated_mask.extend([1] * len(generation.token_ids))
     traj.logprobs.extend(generation.logprobs)
     _, reward, terminated, truncated, info = episode.env.step(generation.text)
+    episode.tool_seconds += float(info.get("tool_seconds", 0.0))
+    episode.grade_seconds += float(info.get("grade_seconds", 0.0))
     traj.turns = info["turn"]
     traj.tool_calls = info["tool_calls"]
     traj.messages = info["messages"]
@@ -210,4 +217,6 @@ def rollout(
                 if not episode.done and len(episode.trajectory.token_ids) >= limit:
                     _end_for_context(episode)
             turn += 1
+    stats.tool_seconds = sum(e.tool_seconds for e in episodes)
+    stats.grade_seconds = sum(e.grade_seconds for e in episodes)
     return RolloutBatch([e.trajectory for e in episodes], stats)

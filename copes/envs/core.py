@@ -183,9 +183,11 @@ class ToolEnv(gym.Env[str, str]):
 
         if parsed.kind == "answer":
             assert parsed.answer is not None
+            start = time.perf_counter()
             grade = self._grade(parsed.answer)
             self._done = True
             extra.update(answer=parsed.answer, grade=grade.details, correct=grade.correct)
+            extra["grade_seconds"] = time.perf_counter() - start
             extra["end_reason"] = "answer"
             return "", grade.reward, True, False, self._info(**extra)
 

@@ -116,3 +116,44 @@ def test_rollout_is_reproducible_with_a_seed(tiny_policy):
     b = rollout(tiny_policy, make_envs(3)[0], sampling)
     assert [t.token_ids for t in a] == [t.token_ids for t in b]
     assert a.stats.generated_tokens == sum(t.num_generated_tokens for t in a)
+
+
+def test_stats_split_tool_calls_from_grading(tiny_policy):
+    """RolloutStats sums the time inside tools and inside the grader, apart (es_overhead)."""
+    import time
+
+    from copes.agents.policy import Generation
+    from copes.envs.core import ToolEnv
+    from copes.envs.rewards.graders import Grade
+    from copes.envs.tasks.base import Task
+    from copes.envs.tools.base import tool
+
+    @tool
+    def slow(text: str) -> str:
+        """Echo after 30 ms."""
+        time.sleep(0.03)
+        return text
+
+    def slow_grader(answer: str, task: Task) -> Grade:
+        time.sleep(0.02)
+        return Grade(1.0, True, {})
+
+    class Scripted:  # a tool call, then an answer
+        chat, max_context = tiny_policy.chat, tiny_policy.max_context
+
+        def __init__(self):
+            self.turn = 0
+
+        def generate_ids(self, prompts, sampling):
+            text = "<slow>x</slow>" if self.turn == 0 else "<answer>1</answer>"
+            self.turn += 1
+            ids = tiny_policy.tokenizer.encode(text)
+            return [Generation(text, ids, [0.0] * len(ids), "stop") for _ in prompts]
+
+    tasks = [Task(id="t", question="?", answers=("1",), kind="qa")]
+    envs = [ToolEnv(tasks, [slow], slow_grader) for _ in range(3)]
+    batch = rollout(Scripted(), envs, SamplingConfig(max_new_tokens=8), tool_threads=1)
+    stats = batch.stats
+    assert all(t.correct and t.tool_calls == 1 for t in batch)
+    assert stats.tool_seconds >= 3 * 0.03 and stats.grade_seconds >= 3 * 0.02
+    assert stats.tool_seconds + stats.grade_seconds <= stats.env_seconds  # one thread: nested

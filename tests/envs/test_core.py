@@ -1,5 +1,7 @@
 """ToolEnv: the multi-turn loop, with user-defined tools and grader."""
 
+import time
+
 import pytest
 from gymnasium.utils.env_checker import check_env
 
@@ -136,3 +138,16 @@ def test_unicode_space_admits_any_text():
     assert space.contains("日本語 🙂 ∑")
     assert not space.contains("x" * 11) and not space.contains(3)
     assert all(space.contains(space.sample()) for _ in range(20))
+
+
+def test_tool_and_grading_time_are_reported_apart():
+    def slow_grader(answer: str, task: Task) -> Grade:
+        time.sleep(0.02)
+        return exact_grader(answer, task)
+
+    env = ToolEnv(TASKS, [reverse], slow_grader)
+    env.reset(options={"task_index": 1})
+    *_, info = env.step("<reverse>w1ord</reverse>")
+    assert info["tool_seconds"] >= 0 and "grade_seconds" not in info
+    *_, info = env.step("<answer>dro1w</answer>")
+    assert info["grade_seconds"] >= 0.02 and info["correct"] is True

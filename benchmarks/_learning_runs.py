@@ -1,0 +1,184 @@
+"""One run of the learning benchmark: train under a budget, then pass@k on the test split.
+
+A run is a `copes.train.Trainer` run in its own folder plus an unbiased pass@k evaluation of
+the final weights (`copes.evaluation.runner.evaluate`). `result.json`, written atomically at
+the very end, marks the run as finished: a benchmark that is killed and started again skips
+finished runs and resumes unfinished ones (`--resume`: ES/CoPES replay their seed log,
+GRPO restarts from its last checkpoint; the pass@k samples on disk are kept).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+RESULT_FILE = "result.json"
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything that determines one run (method settings, seed, budget, evaluation)."""
+
+    method: str
+    seed: int
+    settings: dict[str, Any]  # the method's row of the hyper-parameter table
+    run_dir: str
+    model: str
+    env: str
+    budget_kind: str  # "tokens" or "seconds"
+    budget: float
+    train: dict[str, Any] = field(default_factory=dict)  # shared TrainConfig settings
+    passk_n: int = 4
+    passk_ks: tuple[int, ...] = (1, 4)
+    passk_tasks: int = 32
+
+
+def read_result(run_dir: str | Path) -> dict[str, Any] | None:
+    path = Path(run_dir) / RESULT_FILE
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def check_finished_runs(specs: list[RunSpec]) -> None:
+    """Refuse to reuse a finished run whose settings differ from the spec asking for it."""
+    for spec in specs:
+        done = read_result(spec.run_dir)
+        if done is not None and done["spec"] != json.loads(json.dumps(asdict(spec))):
+            raise ValueError(
+                f"{spec.run_dir} holds a finished run with other settings than {spec.method} "
+                f"seed {spec.seed} now has (budget, hyper-parameters or evaluation); delete that "
+                "folder or pass another --runs-dir"
+            )
+
+
+def _write_atomic(path: Path, record: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=2))
+    os.replace(tmp, path)
+
+
+def split_settings(settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A method's row -> (TrainConfig settings, optimizer settings); unknown keys are errors."""
+    from dataclasses import fields
+
+    from copes.optimizers.es import CoPESConfig
+    from copes.optimizers.grpo import GRPOConfig
+    from copes.train import TrainConfig
+
+    train_keys = {f.name for f in fields(TrainConfig)}
+    optimizer_keys = {f.name for f in fields(CoPESConfig)} | {f.name for f in fields(GRPOConfig)}
+    unknown = set(settings) - train_keys - optimizer_keys
+    if unknown:
+        raise ValueError(
+            f"unknown setting(s) {sorted(unknown)} in the method table: use copes-train flag "
+            "names with underscores (copes-train --help lists them)"
+        )
+    train = {k: v for k, v in settings.items() if k in train_keys}
+    return train, {k: v for k, v in settings.items() if k not in train_keys}
+
+
+def train_config(spec: RunSpec) -> Any:
+    """The run's `TrainConfig`: the budget, the method's run settings, the shared settings."""
+    from copes.train import TrainConfig
+
+    run_dir = Path(spec.run_dir)
+    method_train, _ = split_settings(spec.settings)
+    es = method_train["optimizer"] in ("es", "copes")
+    return TrainConfig(
+        **{
+            "out_dir": str(run_dir),
+            "model": spec.model,
+            "env": spec.env,
+            "steps": None,
+            "max_tokens": int(spec.budget) if spec.budget_kind == "tokens" else None,
+            "max_seconds": float(spec.budget) if spec.budget_kind == "seconds" else None,
+            # ES replays its seed log on resume, so it needs no intermediate checkpoint.
+            "checkpoint_every": 0 if es else 2 * method_train.get("eval_every", 1),
+            "keep_checkpoints": 1,
+            "seed": spec.seed,
+            "tensorboard": False,
+            "progress": False,
+            "resume": (run_dir / "config.json").exists(),
+            **spec.train,
+            **method_train,
+        }
+    )
+
+
+def curve_of(run_dir: Path) -> dict[str, list[float]]:
+    """The run's validations: step, generated tokens, wall seconds, accuracy."""
+    from copes.run_log import read_jsonl
+
+    val = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["kind"] == "validation"]
+    return {
+        "steps": [r["step"] for r in val],
+        "tokens": [r["generated_tokens_total"] for r in val],
+        "seconds": [r["seconds_total"] for r in val],
+        "accuracy": [r["accuracy"] for r in val],
+    }
+
+
+def pass_at_k(spec: RunSpec, policy: Any) -> dict[str, float]:
+    """Unbiased pass@k of the final weights on the env's synthetic test split."""
+    from copes.agents.policy import SamplingConfig
+    from copes.evaluation.runner import evaluate
+
+    benchmark = "synthetic-math" if spec.env == "ToolMath-v0" else "synthetic-qa"
+    sampling = SamplingConfig(spec.train.get("max_new_tokens", 96), temperature=1.0, seed=spec.seed)
+    report = evaluate(
+        policy, [benchmark], n=spec.passk_n, ks=spec.passk_ks, sampling=sampling,
+        limit=spec.passk_tasks, out_dir=Path(spec.run_dir) / "passk", progress=False,
+        max_turns=spec.train.get("max_turns", 4), model_name=spec.method,
+    )  # fmt: skip
+    result = report.benchmarks[benchmark]
+    return {
+        **{f"pass@{k}": float(v) for k, v in result.pass_at_k.items()},
+        "mean@n": float(result.mean_at_n),
+        "problems": result.num_problems,
+    }
+
+
+def run_one(spec: RunSpec) -> dict[str, Any]:
+    """Train and evaluate one run (or return its stored result); never raises.
+
+    A failure is returned as ``{"error": ...}`` (and not written), so one broken run does
+    not stop the others and is retried the next time the benchmark starts.
+    """
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("COPES_BENCH_THREADS", "1")))
+    done = read_result(spec.run_dir)
+    if done is not None:
+        return done
+    start = time.perf_counter()
+    try:
+        from copes.train import Trainer
+
+        config = train_config(spec)
+        _, overrides = split_settings(spec.settings)
+        Path(spec.run_dir).mkdir(parents=True, exist_ok=True)
+        trainer = Trainer(config, overrides)
+        summary = trainer.run()
+        passk = pass_at_k(spec, trainer.policy)
+        record = {
+            "spec": asdict(spec),
+            "summary": summary,
+            "curve": curve_of(Path(spec.run_dir)),
+            "pass_at_k": passk,
+            # this invocation only (a resumed run counts its last part); under shared cores
+            # an upper bound: the load average says how shared they were
+            "wall_seconds": round(time.perf_counter() - start, 1),
+            "load_average_at_end": os.getloadavg(),
+        }
+        _write_atomic(Path(spec.run_dir) / RESULT_FILE, record)
+        return record
+    except Exception as exc:  # reported in the benchmark's output, retried on the next start
+        logger.error("run %s seed %d failed: %s", spec.method, spec.seed, exc)
+        return {"spec": asdict(spec), "error": "".join(traceback.format_exception(exc))}

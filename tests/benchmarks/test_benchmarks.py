@@ -1,0 +1,176 @@
+"""The benchmark scripts: their report logic on hand-made runs, and each end to end (small)."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from copes.run_log import read_jsonl
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCHMARKS = ROOT / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+from _learning_report import markdown, run_curve, summarize  # noqa: E402
+
+
+def record(method, seed, tokens, accuracy, passk=None):
+    return {
+        "spec": {"method": method, "seed": seed},
+        "curve": {"tokens": tokens, "seconds": [t / 100 for t in tokens], "accuracy": accuracy},
+        "pass_at_k": passk or {"pass@1": accuracy[-1], "pass@4": min(1.0, 2 * accuracy[-1])},
+    }
+
+
+def test_the_step_that_crosses_the_budget_is_credited_at_the_budget():
+    curve, overshoot = run_curve(record("es", 0, [0, 600, 1200], [0.1, 0.2, 0.3]), "tokens", 1000)
+    assert curve.budgets == (0, 600, 1000) and curve.accuracies == (0.1, 0.2, 0.3)
+    assert overshoot == 200
+    exact, none = run_curve(record("es", 0, [0, 500, 1000], [0.1, 0.2, 0.3]), "tokens", 1000)
+    assert exact.budgets == (0, 500, 1000) and none == 0
+
+
+def test_summary_of_hand_made_runs():
+    # GRPO peaks at 500 tokens (mean 0.5 from 0.1: gain 0.4); CoPES has 0.3 by then (gain
+    # 0.2: 50%) and ES 0.2 (25%). Target = 0.1 + 0.4 / 2 = 0.3: CoPES reaches it at 400,
+    # ES at 1000 (2.5x).
+    records = (
+        [record("grpo", s, [0, 250, 500, 1000], [0.1, 0.3, 0.5, 0.4]) for s in (0, 1)]
+        + [record("copes-k4", s, [0, 400, 800, 1000], [0.1, 0.3, 0.35, 0.4]) for s in (0, 1)]
+        + [record("es", s, [0, 400, 1000], [0.1, 0.2, 0.3]) for s in (0, 1)]
+    )
+    records.append({"spec": {"method": "es", "seed": 2}, "error": "Traceback: boom"})
+    out = summarize(records, ["grpo", "copes-k4", "es"], "tokens", 1000)
+    assert out["reference_best_budget"] == 500 and out["target_accuracy"] == pytest.approx(0.3)
+    methods = out["methods"]
+    assert methods["grpo"]["gain_recovered"]["fraction"] == pytest.approx(1.0)
+    assert methods["copes-k4"]["gain_recovered"]["fraction"] == pytest.approx(0.5)
+    assert methods["es"]["gain_recovered"]["fraction"] == pytest.approx(0.25)
+    assert methods["copes-k4"]["budget_to_target"]["mean_of_reached"] == 400
+    assert methods["es"]["budget_to_target"]["mean_of_reached"] == 1000
+    assert out["speedup_to_target"]["es/copes-k4"] == pytest.approx(2.5)
+    assert methods["es"]["seeds"] == 2 and out["failed_runs"][0]["seed"] == 2
+    assert methods["grpo"]["final_accuracy"]["mean"] == pytest.approx(0.4)
+    assert methods["es"]["pass_at_k"]["pass@4"]["mean"] == pytest.approx(0.6)
+    assert len(methods["es"]["curve"]) == len(out["grid"])
+    table = markdown(out, "hand-made")
+    assert "| copes-k4 | 2 |" in table and "es/copes-k4 = 2.50x" in table
+
+
+def run_script(*args, timeout=600):
+    proc = subprocess.run(
+        [sys.executable, *map(str, args)], cwd=ROOT, capture_output=True, text=True,
+        timeout=timeout,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def check_interval(entry):
+    assert entry["n"] >= 1
+    if entry["low"] is not None:
+        assert entry["low"] <= entry["mean"] <= entry["high"]
+
+
+@pytest.mark.slow
+def test_learning_quick_end_to_end_and_resume(tmp_path, tiny_agent_dir):
+    args = [BENCHMARKS / "learning.py", "--quick", "--model", tiny_agent_dir,
+            "--runs-dir", tmp_path / "runs", "--results-dir", tmp_path / "results"]  # fmt: skip
+    run_script(*args)
+    out = json.loads((tmp_path / "results" / "learning-quick.json").read_text())
+    assert (tmp_path / "results" / "learning-quick.png").stat().st_size > 5000
+    assert "| grpo |" in (tmp_path / "results" / "learning-quick.md").read_text()
+    assert set(out["methods"]) == {"es", "copes-k2", "grpo"} and not out["failed_runs"]
+    for name, entry in out["methods"].items():
+        assert entry["seeds"] == 1 and len(entry["curve"]) == len(out["grid"])
+        for point in entry["curve"]:
+            check_interval(point)
+            assert 0 <= point["mean"] <= 1
+        for k, value in entry["pass_at_k"].items():
+            assert k in ("pass@1", "pass@2") and 0 <= value["mean"] <= 1
+        assert entry["pass_at_k"]["pass@1"]["mean"] <= entry["pass_at_k"]["pass@2"]["mean"]
+        assert entry["overshoot_max"] >= 0
+        if out["reference_best_budget"] is not None and name == "grpo":
+            fraction = entry["gain_recovered"]["fraction"]
+            assert fraction is None or fraction == pytest.approx(1.0)
+    for spec in out["hyperparameters"].values():
+        assert "learning_rate" in spec
+    run_dirs = sorted((tmp_path / "runs").iterdir())
+    assert [d.name for d in run_dirs] == ["copes-k2-seed0", "es-seed0", "grpo-seed0"]
+    stamps = [(d / "result.json").stat().st_mtime_ns for d in run_dirs]
+    again = run_script(*args)  # every run finished: nothing is trained again
+    assert again.count(": done") == 3
+    assert [(d / "result.json").stat().st_mtime_ns for d in run_dirs] == stamps
+    other_budget = subprocess.run(
+        [sys.executable, *map(str, args), "--budget", "3000"], cwd=ROOT, capture_output=True,
+        text=True, timeout=120,
+    )  # fmt: skip
+    assert other_budget.returncode != 0 and "holds a finished run" in other_budget.stderr
+
+
+@pytest.mark.slow
+def test_learning_resumes_a_killed_run(tmp_path, tiny_agent_dir):
+    args = [BENCHMARKS / "learning.py", "--quick", "--methods", "es", "--budget", "1500",
+            "--model", tiny_agent_dir, "--runs-dir", tmp_path / "runs",
+            "--results-dir", tmp_path / "results"]  # fmt: skip
+    log = tmp_path / "runs" / "es-seed0" / "es_log.jsonl"
+    proc = subprocess.Popen([sys.executable, *map(str, args)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.time() + 300
+    while time.time() < deadline and not (log.exists() and log.read_text().count("\n") >= 1):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (tmp_path / "runs" / "es-seed0" / "result.json").exists()
+    run_script(*args)
+    records = read_jsonl(tmp_path / "runs" / "es-seed0" / "metrics.jsonl")
+    steps = [e["step"] for e in read_jsonl(log)]
+    assert steps == list(range(len(steps))) and len(steps) >= 2  # replayed, then continued
+    validated = [r["step"] for r in records if r["kind"] == "validation"]
+    assert validated == sorted(set(validated)) and validated[0] == 0
+    result = json.loads((tmp_path / "results" / "learning-quick.json").read_text())
+    assert result["methods"]["es"]["seeds"] == 1 and not result["failed_runs"]
+
+
+@pytest.mark.slow
+def test_memory_small_end_to_end(tmp_path, tiny_agent_dir):
+    out_file = tmp_path / "memory.json"
+    run_script(BENCHMARKS / "memory.py", "--model", tiny_agent_dir, "--lengths", "48", "96",
+               "--optimizers", "es", "grpo", "--out", out_file)  # fmt: skip
+    out = json.loads(out_file.read_text())
+    measured = {(m["optimizer"], m["length"]): m for m in out["measured"]}
+    assert set(measured) == {("es", 48), ("es", 96), ("grpo", 48), ("grpo", 96)}
+    for m in measured.values():
+        assert "error" not in m, m.get("error")
+        assert m["peak_during_step_mib"] >= m["rss_before_step_mib"] > 50
+        assert m["ru_maxrss_mib"] >= m["peak_during_step_mib"] - 1
+    # GRPO holds gradients and AdamW states on top of what ES holds
+    assert measured[("grpo", 96)]["step_increase_mib"] > measured[("es", 96)]["step_increase_mib"]
+    plain = out["theory"]["variants"]["batch 1"]
+    assert [r["seq_len"] for r in plain["rows_gib"]] == [8192, 32768, 131072]
+    assert plain["claim_copes_below_one_eighth"] == [r["grpo/copes"] > 8 for r in plain["rows_gib"]]
+
+
+@pytest.mark.slow
+def test_es_overhead_small_end_to_end(tmp_path, tiny_agent_dir):
+    out_file = tmp_path / "overhead.json"
+    run_script(BENCHMARKS / "es_overhead.py", "--model", tiny_agent_dir, "--population", "4",
+               "--batch-size", "2", "--steps", "1", "--subspaces", "1", "2",
+               "--max-new-tokens", "32", "--out", out_file)  # fmt: skip
+    out = json.loads(out_file.read_text())
+    assert set(out["runs"]) == {"es", "copes-k2"}
+    for run in out["runs"].values():
+        assert [s["step"] for s in run["steps"]] == [0, 1]
+        for s in run["steps"]:
+            parts = s["generation"] + s["environment"] + s["perturb_restore"] + s["update"]
+            assert 0 < parts <= s["total"] + 1e-6 and s["other"] >= -1e-6
+            assert s["perturb_restore"] > 0 and s["update"] > 0 and s["generation"] > 0
+            assert s["grading_summed"] > 0  # every episode ends in a graded answer or a cut
+        mean = run["mean"]
+        assert mean["weight_fraction"] == pytest.approx(
+            (mean["perturb_restore"] + mean["update"]) / mean["total"]
+        )
