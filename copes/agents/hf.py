@@ -65,9 +65,7 @@ class HFPolicy:
             tokenizer.pad_token = tokenizer.eos_token
         self.eos_ids = self._collect_eos_ids()
         self._weights: WeightSpace | None = None
-        # Whole episodes in one continuous-batching loop (copes.agents.hf_engine) need a
-        # plain full-attention KV cache; other caches use the per-turn path.
-        self.supports_episodes = supports_kv_batch(model)
+        self._episodes_checked: tuple[Any, bool] = (None, False)
 
     @classmethod
     def from_pretrained(
@@ -114,6 +112,17 @@ class HFPolicy:
     @property
     def max_context(self) -> int:
         return int(getattr(self.model.config, "max_position_embeddings", 4096))
+
+    @property
+    def supports_episodes(self) -> bool:
+        """Whether `generate_episodes` can run this model: it needs a plain full-attention KV
+        cache (other caches, e.g. sliding-window, make `rollout` go turn by turn). Checked
+        again whenever `model` is replaced (GRPO wraps it with a LoRA adapter)."""
+        model, supported = self._episodes_checked
+        if model is not self.model:
+            supported = supports_kv_batch(self.model)
+            self._episodes_checked = (self.model, supported)
+        return supported
 
     def weights(self) -> WeightSpace:
         from copes.optimizers.perturb import WeightSpace

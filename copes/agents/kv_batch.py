@@ -31,10 +31,16 @@ import torch
 _MIN_DENSITY = 0.5
 
 
+def _forward_parameters(model: Any) -> set[str]:
+    """The keyword arguments `model.forward` takes; a peft wrapper passes them through to
+    its base model, so that one's count."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return set(inspect.signature(base.forward).parameters)
+
+
 def cache_argument(model: Any) -> str:
     """The name under which `model.forward` takes its KV cache (renamed in transformers 5)."""
-    params = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
+    return "cache" if "cache" in _forward_parameters(model) else "past_key_values"
 
 
 def supports_kv_batch(model: Any) -> bool:
@@ -52,8 +58,7 @@ def supports_kv_batch(model: Any) -> bool:
     layers = getattr(cache, "layers", [])
     if not layers or any(type(layer) is not DynamicLayer for layer in layers):
         return False
-    takes = inspect.signature(model.forward).parameters
-    return {"position_ids", "logits_to_keep", cache_argument(model)} <= set(takes)
+    return {"position_ids", "logits_to_keep", cache_argument(model)} <= _forward_parameters(model)
 
 
 class KVBatch:

@@ -7,9 +7,18 @@ import torch
 from copes.agents.hf import HFPolicy
 from copes.agents.kv_batch import KVBatch, SlotBatch
 from copes.agents.policy import EpisodePolicy, SamplingConfig
+from copes.agents.rollout import rollout
 from copes.agents.sampling import filtered_logits, sample_tokens, stream
+from copes.envs.presets import tool_math_env, tool_qa_env
+from copes.envs.tasks.synthetic import synthetic_math_tasks, synthetic_qa_tasks
 
 CPU = torch.device("cpu")
+
+
+def make_envs(kind, n):
+    if kind == "math":
+        return [tool_math_env(tasks=[t]) for t in synthetic_math_tasks("validation", n, seed=1)]
+    return [tool_qa_env(tasks=[t]) for t in synthetic_qa_tasks("validation", n, seed=1)]
 
 
 def next_logits(model, ids):
@@ -86,6 +95,29 @@ def test_kv_batch_concat_and_compact_keep_the_logits(tiny_policy):
         assert torch.allclose(logits[row].float(), next_logits(model, seq), atol=1e-4)
 
 
+@pytest.mark.parametrize("kind", ["math", "qa"])
+def test_episode_loop_gives_the_turn_by_turn_tokens_under_greedy(tiny_policy, kind):
+    assert isinstance(tiny_policy, EpisodePolicy) and tiny_policy.supports_episodes
+    greedy = SamplingConfig(max_new_tokens=48, temperature=0.0)
+    turns = rollout(tiny_policy, make_envs(kind, 6), greedy, continuous_batching=False)
+    loop = rollout(tiny_policy, make_envs(kind, 6), greedy)
+    assert loop.stats.generate_calls == 1 and loop.stats.engine["decode_steps"] > 0
+    assert turns.stats.generate_calls > 1 and not turns.stats.engine
+    for a, b in zip(turns, loop, strict=True):
+        assert a.token_ids == b.token_ids
+        assert a.generated_mask == b.generated_mask
+        assert (a.end_reason, a.turns, a.reward) == (b.end_reason, b.turns, b.reward)
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
+
+
+def test_more_episodes_than_the_batch_holds(tiny_policy):
+    small = HFPolicy(tiny_policy.model, tiny_policy.tokenizer, batch_size=2)
+    greedy = SamplingConfig(max_new_tokens=32, temperature=0.0)
+    expected = rollout(tiny_policy, make_envs("math", 5), greedy)
+    got = rollout(small, make_envs("math", 5), greedy)
+    assert [t.token_ids for t in got] == [t.token_ids for t in expected]
+
+
 def episodes(policy, prompts, sampling, turns=1):
     """`generate_episodes` with `turns` turns per episode (a fixed "tool output" after each);
     returns every episode's turns."""
@@ -105,7 +137,6 @@ def single_turns(policy, prompts, sampling):
 
 
 def test_single_turns_match_generate_ids(tiny_policy):
-    assert isinstance(tiny_policy, EpisodePolicy) and tiny_policy.supports_episodes
     """With no next turn, the loop is a continuous-batching `generate_ids`: the same greedy
     tokens, stop strings and finish reasons."""
     chat = tiny_policy.chat
@@ -141,13 +172,16 @@ def test_each_episode_samples_from_its_own_stream(tiny_policy):
     assert [[t.token_ids for t in e] for e in other] != [[t.token_ids for t in e] for e in together]
 
 
-@pytest.mark.parametrize("architecture", ["llama", "gpt2"])
+@pytest.mark.parametrize("architecture", ["llama", "gpt2", "llama+lora"])
 def test_later_turns_match_generate_ids_on_the_whole_sequence(tiny_policy, architecture):
     """KV caches kept across turns (and across re-arranged batches) give the turns that
     `generate_ids` gives from scratch on the whole sequence, for other architectures too
-    (rotary and learned position embeddings)."""
+    (rotary and learned position embeddings), and through a peft wrapper (LoRA-GRPO)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from copes.agents.kv_batch import cache_argument
+
+    architecture, _, lora = architecture.partition("+")
     tokenizer = tiny_policy.tokenizer
     size = {"n_embd": 32, "n_layer": 2, "n_head": 2} if architecture == "gpt2" else {
         "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
@@ -158,7 +192,11 @@ def test_later_turns_match_generate_ids_on_the_whole_sequence(tiny_policy, archi
     )  # fmt: skip
     torch.manual_seed(0)
     policy = HFPolicy(AutoModelForCausalLM.from_config(config), tokenizer)
-    assert policy.supports_episodes
+    if lora:  # wrapped after the policy was made, as GRPO does
+        peft = pytest.importorskip("peft")
+        adapter = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+        policy.model = peft.get_peft_model(policy.model, adapter).eval()
+    assert policy.supports_episodes and cache_argument(policy.model) == "cache"
     questions = ["What is 12 * 34?", "Who wrote it? " * 6, "x"]
     prompts = [policy.chat.encode_prompt([{"role": "user", "content": q}]) for q in questions]
     greedy = SamplingConfig(max_new_tokens=20, temperature=0.0)
