@@ -111,7 +111,8 @@ class EpisodeEngine:
             for i, p in enumerate(prompts)
         )
         running: list[_Episode] = []  # in the order of their slots in `batch`
-        batch = SlotBatch(self.policy.batch_size, self.device)
+        self.capacity = min(self.policy.batch_size, len(prompts))
+        batch = SlotBatch(self.capacity, self.device)
         waiting: deque[_Group] = deque()
         with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
             while fresh or running or waiting:
@@ -149,7 +150,7 @@ class EpisodeEngine:
         """Rows that join before the next decode step: the groups whose turn has come, in
         the order they left (the oldest one regardless when nothing else would run), then
         new episodes while the batch has room."""
-        room = self.policy.batch_size - running
+        room = self.capacity - running
         joining: list[_Episode] = []
         parts: list[KVBatch] = []
         while waiting and len(waiting[0].episodes) <= room - len(joining):

@@ -257,14 +257,15 @@ class SlotBatch:
 
     def _reserve(self, front: int, back: int, like: KVBatch | None = None) -> None:
         """Make sure `front` columns exist up to `end` (a joining row of that width ends at
-        `end` like the others) and `back` free columns follow it. Otherwise re-allocate (to
-        half again as much) and move the columns in use, ending at ``max(front, width in
-        use)``; `start` and `end` move with them."""
+        `end` like the others) and `back` free columns follow it. Otherwise re-allocate with
+        room to spare on both sides (columns before `start` cost nothing: no row attends to
+        them) and move the columns in use; `start` and `end` move with them."""
         room = self.mask.shape[1]
         if self.layers and front <= self.end and self.end + back <= room:
             return
         width = self.end - self.start
         end = max(front, width)
+        end += end // 4
         room = max(end + back + (end + back) // 2, 64)
         moved = slice(end - width, end)
         layers = []

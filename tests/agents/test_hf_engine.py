@@ -48,7 +48,7 @@ def test_slot_batch_matches_a_fresh_forward(tiny_policy):
         batch.add(prefill)
         running = list(sequences)  # the token lists, in slot order
         parked = None
-        for step in range(100):
+        for step in range(130):
             tokens = ids(len(running))
             for seq, token in zip(running, tokens, strict=True):
                 seq.append(token)
