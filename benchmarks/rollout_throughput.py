@@ -1,10 +1,15 @@
 """Tokens/s of a multi-turn `rollout` over ToolMath against plain batched `model.generate`.
 
-Both run in this process on the same prompts, with the same number of sequences and the same
-number of generated tokens per sequence: the rollout first (tools, grading and all), then
-`model.generate` forced to produce exactly as many tokens per sequence as the rollout did in
-all its turns (min_new_tokens = max_new_tokens), in one batched call. The ratio
-rollout / generate is the figure of merit (target: >= 0.8).
+Both run in this process on the same prompts: the rollout first (tools, grading and all),
+then one plain batched `model.generate` call over its prompts in which sequence i produces
+exactly as many tokens as episode i generated in all its turns (a logits processor ends it
+with eos there; `generate` keeps finished rows padded until the longest ends, as it does for
+any batch). The ratio of the tokens/s, rollout / generate, is the figure of merit (target:
+>= 0.8). A second, stricter baseline gives every sequence the mean length instead (a batch
+of equal-length sequences, no padding steps): `ratio_mean_length`.
+
+Each repeat measures both rollout paths: the policy's episode loop (`continuous`) and one
+`generate_ids` call per turn (`per_turn`), each against its own baselines.
 
     python benchmarks/rollout_throughput.py --episodes 32 --repeats 3
 """
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
@@ -27,13 +33,15 @@ from copes.envs.presets import tool_math_env
 from copes.envs.tasks.synthetic import synthetic_math_tasks
 
 
-def measure_rollout(policy: HFPolicy, episodes: int, max_new_tokens: int, seed: int):
+def measure_rollout(
+    policy: HFPolicy, episodes: int, max_new_tokens: int, seed: int, continuous: bool = True
+):
     tasks = synthetic_math_tasks("validation", episodes, seed=seed)
     envs = [tool_math_env(tasks=[t]) for t in tasks]
     sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=1.0, seed=seed)
     try:
         start = time.perf_counter()
-        batch = rollout(policy, envs, sampling)
+        batch = rollout(policy, envs, sampling, continuous_batching=continuous)
         seconds = time.perf_counter() - start
     finally:
         for env in envs:
@@ -43,10 +51,35 @@ def measure_rollout(policy: HFPolicy, episodes: int, max_new_tokens: int, seed: 
     return seconds, prompts, lengths, batch.stats
 
 
-def measure_generate(policy: HFPolicy, prompts: list[list[int]], tokens_each: int, seed: int):
-    """One batched generate, every sequence forced to `tokens_each` new tokens."""
-    from transformers import GenerationConfig
+class _ExactLengths:
+    """Logits processor: row i ends with eos at exactly its `lengths[i]`-th new token."""
 
+    def __init__(self, lengths: list[int], prompt_width: int, eos: int) -> None:
+        self.lengths = torch.tensor(lengths)
+        self.width = prompt_width
+        self.eos = eos
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        step = input_ids.shape[1] - self.width  # new tokens so far
+        scores = scores.clone()
+        early = step < self.lengths - 1
+        scores[early, self.eos] = float("-inf")
+        last = step == self.lengths - 1
+        scores[last] = float("-inf")
+        scores[last, self.eos] = 0.0
+        return scores
+
+
+def measure_generate(
+    policy: HFPolicy, prompts: list[list[int]], lengths: list[int], seed: int
+) -> tuple[float, int]:
+    """One plain batched `model.generate` over `prompts`, row i producing exactly
+    `lengths[i]` tokens (finished rows are padded until the longest ends, as `generate`
+    does). Returns (seconds, tokens generated)."""
+    from transformers import GenerationConfig, LogitsProcessorList
+
+    if min(lengths) < 1:
+        raise ValueError(f"every sequence needs at least one token, got lengths {lengths}")
     tok = policy.tokenizer
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), tok.pad_token_id)
@@ -55,14 +88,50 @@ def measure_generate(policy: HFPolicy, prompts: list[list[int]], tokens_each: in
         ids[row, width - len(prompt) :] = torch.tensor(prompt)
         mask[row, width - len(prompt) :] = 1
     config = GenerationConfig(
-        max_new_tokens=tokens_each, min_new_tokens=tokens_each, do_sample=True,
+        max_new_tokens=max(lengths), do_sample=True,
         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
     )  # fmt: skip
+    processors = LogitsProcessorList([_ExactLengths(lengths, width, tok.eos_token_id)])
     torch.manual_seed(seed)
     start = time.perf_counter()
     with torch.no_grad():
-        policy.model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
-    return time.perf_counter() - start
+        out = policy.model.generate(
+            input_ids=ids, attention_mask=mask, generation_config=config,
+            logits_processor=processors,
+        )  # fmt: skip
+    seconds = time.perf_counter() - start
+    ends = [(row == tok.eos_token_id).nonzero()[0].item() + 1 for row in out[:, width:]]
+    if ends != lengths:
+        raise RuntimeError(f"generate produced {ends} tokens, expected {lengths}")
+    return seconds, sum(lengths)
+
+
+def compare(policy: HFPolicy, args: argparse.Namespace, seed: int, continuous: bool) -> dict:
+    """One rollout, then the two raw `generate` baselines on its prompts."""
+    seconds, prompts, lengths, stats = measure_rollout(
+        policy, args.episodes, args.max_new_tokens, seed, continuous
+    )
+    total = sum(lengths)
+    same_seconds, same_total = measure_generate(policy, prompts, lengths, seed)
+    mean = max(1, round(total / len(lengths)))
+    mean_seconds, mean_total = measure_generate(policy, prompts, [mean] * len(lengths), seed)
+    rate = total / seconds
+    return {
+        "rollout_tokens": total,
+        "rollout_seconds": seconds,
+        "rollout_tokens_per_s": rate,
+        "rollout_generation_seconds": stats.generation_seconds,
+        "rollout_env_seconds": stats.env_seconds,
+        "generate_calls": stats.generate_calls,
+        "engine": stats.engine,
+        "lengths": {"min": min(lengths), "mean": total / len(lengths), "max": max(lengths)},
+        "raw_same_lengths_seconds": same_seconds,
+        "raw_same_lengths_tokens_per_s": same_total / same_seconds,
+        "ratio": rate / (same_total / same_seconds),
+        "raw_mean_length_seconds": mean_seconds,
+        "raw_mean_length_tokens_per_s": mean_total / mean_seconds,
+        "ratio_mean_length": rate / (mean_total / mean_seconds),
+    }
 
 
 def main() -> None:
@@ -71,47 +140,45 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=32)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--out", default="benchmarks/results/rollout_throughput.json")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     policy = HFPolicy.from_pretrained(args.model, device="cpu")
-    measure_rollout(policy, 4, args.max_new_tokens, seed=999)  # warm-up: sandbox, grader
-    runs = []
+    for continuous in (True, False):  # warm-up: sandbox sessions, grader, both paths
+        measure_rollout(policy, args.episodes, args.max_new_tokens, 999, continuous)
+    load_before = os.getloadavg()
+    runs: dict[str, list[dict]] = {"continuous": [], "per_turn": []}
     for repeat in range(args.repeats):
-        seconds, prompts, lengths, stats = measure_rollout(
-            policy, args.episodes, args.max_new_tokens, seed=repeat
-        )
-        total = sum(lengths)
-        tokens_each = max(1, round(total / len(lengths)))
-        raw_seconds = measure_generate(policy, prompts, tokens_each, seed=repeat)
-        raw_total = tokens_each * len(prompts)
-        runs.append(
-            {
-                "rollout_tokens": total,
-                "rollout_seconds": seconds,
-                "rollout_tokens_per_s": total / seconds,
-                "rollout_generation_seconds": stats.generation_seconds,
-                "rollout_env_seconds": stats.env_seconds,
-                "generate_calls": stats.generate_calls,
-                "raw_tokens": raw_total,
-                "raw_seconds": raw_seconds,
-                "raw_tokens_per_s": raw_total / raw_seconds,
-                "ratio": (total / seconds) / (raw_total / raw_seconds),
-            }
-        )
-        print(json.dumps(runs[-1]))
+        for mode, continuous in (("continuous", True), ("per_turn", False)):
+            runs[mode].append(compare(policy, args, repeat, continuous))
+            print(mode, json.dumps(runs[mode][-1]))
     result = {
         "benchmark": "rollout_throughput",
         "model": args.model,
         "episodes": args.episodes,
         "max_new_tokens": args.max_new_tokens,
-        "machine": {"cpu_threads": torch.get_num_threads(), "platform": platform.platform()},
+        "machine": {
+            "cpu_threads": torch.get_num_threads(),
+            "cpu_count": os.cpu_count(),
+            "platform": platform.platform(),
+            "load_average_1m_before_after": [load_before[0], os.getloadavg()[0]],
+        },
         "runs": runs,
-        "median_ratio": statistics.median(r["ratio"] for r in runs),
     }
+    for mode, mode_runs in runs.items():
+        for key in ("ratio", "ratio_mean_length"):
+            result[f"{mode}_median_{key}"] = statistics.median(r[key] for r in mode_runs)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
-    print(f"rollout / raw generate tokens-per-second: {result['median_ratio']:.2f} (median)")
+    for mode in runs:
+        print(
+            f"{mode}: rollout / raw generate tokens-per-second, median: "
+            f"{result[f'{mode}_median_ratio']:.2f} (same lengths per sequence), "
+            f"{result[f'{mode}_median_ratio_mean_length']:.2f} (every sequence the mean length)"
+        )
 
 
 if __name__ == "__main__":

@@ -7,13 +7,14 @@ sampling, and per-token log-probs of what was generated under the model's own di
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from copes.agents.chat import ChatFormat
+from copes.agents.kv_batch import supports_kv_batch
 from copes.agents.policy import FinishReason, Generation, SamplingConfig
 
 if TYPE_CHECKING:
@@ -62,8 +63,9 @@ class HFPolicy:
         self.batch_size = batch_size
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
-        self._eos_ids = self._collect_eos_ids()
+        self.eos_ids = self._collect_eos_ids()
         self._weights: WeightSpace | None = None
+        self._episodes_checked: tuple[Any, bool] = (None, False)
 
     @classmethod
     def from_pretrained(
@@ -111,6 +113,17 @@ class HFPolicy:
     def max_context(self) -> int:
         return int(getattr(self.model.config, "max_position_embeddings", 4096))
 
+    @property
+    def supports_episodes(self) -> bool:
+        """Whether `generate_episodes` can run this model: it needs a plain full-attention KV
+        cache (other caches, e.g. sliding-window, make `rollout` go turn by turn). Checked
+        again whenever `model` is replaced (GRPO wraps it with a LoRA adapter)."""
+        model, supported = self._episodes_checked
+        if model is not self.model:
+            supported = supports_kv_batch(self.model)
+            self._episodes_checked = (self.model, supported)
+        return supported
+
     def weights(self) -> WeightSpace:
         from copes.optimizers.perturb import WeightSpace
 
@@ -148,6 +161,26 @@ class HFPolicy:
             results.extend(self._generate_batch(chunk, sampling, seed))
         return results
 
+    def generate_episodes(
+        self,
+        prompts: Sequence[Sequence[int]],
+        sampling: SamplingConfig,
+        next_turn: Callable[[int, Generation], Sequence[int] | None],
+        *,
+        threads: int = 16,
+    ) -> dict[str, float]:
+        """Run whole multi-turn episodes in one continuous-batching loop, keeping each
+        episode's KV cache across turns (`copes.agents.hf_engine`; `EpisodePolicy`)."""
+        from copes.agents.hf_engine import EpisodeEngine
+
+        if not self.supports_episodes:
+            raise NotImplementedError(
+                f"{type(self.model).__name__} keeps a KV cache the episode loop cannot "
+                "re-arrange (sliding-window, linear-attention or encoder-decoder); use "
+                "generate_ids turn by turn (rollout does when supports_episodes is False)"
+            )
+        return EpisodeEngine(self, sampling, next_turn).run(prompts, threads)
+
     # ------------------------------------------------------------------ internals
     def _collect_eos_ids(self) -> set[int]:
         ids = {self.tokenizer.eos_token_id}
@@ -179,7 +212,7 @@ class HFPolicy:
             top_p=sampling.top_p if not sampling.greedy else None,
             top_k=sampling.top_k if not sampling.greedy else None,
             stop_strings=list(sampling.stop) or None,
-            eos_token_id=sorted(self._eos_ids),
+            eos_token_id=sorted(self.eos_ids),
             pad_token_id=pad,
             output_logits=True,
             return_dict_in_generate=True,
@@ -217,7 +250,7 @@ class HFPolicy:
         reason: FinishReason = "length"
         end = len(ids)
         for i, token in enumerate(ids):
-            if token in self._eos_ids:
+            if token in self.eos_ids:
                 end, reason = i + 1, "eos"
                 break
         if reason != "eos" and sampling.stop:

@@ -8,7 +8,7 @@ sequence turn by turn and never re-encode what the model generated.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
@@ -97,4 +97,37 @@ class Policy(Protocol):
     @property
     def max_context(self) -> int:
         """Longest token sequence (prompt + generation) the model accepts."""
+        ...
+
+
+@runtime_checkable
+class EpisodePolicy(Policy, Protocol):
+    """An optional capability: whole multi-turn episodes in one call.
+
+    `rollout` uses it when a policy has it and ``supports_episodes`` is true, and otherwise
+    runs turn by turn with `generate_ids`. A backend that keeps KV caches across turns and
+    batches continuously (a row that ends its turn leaves, and re-joins when its tool
+    output is ready) implements it; `HFPolicy` does.
+    """
+
+    supports_episodes: bool
+
+    def generate_episodes(
+        self,
+        prompts: Sequence[Sequence[int]],
+        sampling: SamplingConfig,
+        next_turn: Callable[[int, Generation], Sequence[int] | None],
+        *,
+        threads: int = 16,
+    ) -> dict[str, float]:
+        """Generate turns for every prompt until its episode ends.
+
+        After each turn of episode ``i`` the policy calls ``next_turn(i, generation)`` (from
+        worker threads, at most ``threads`` at once, never twice at once for one episode):
+        it returns the token ids that follow the turn (tool output, the next assistant
+        header), which the policy appends before the episode's next turn, or None when the
+        episode is over. ``generation.prompt_token_ids`` is the episode's whole sequence
+        before the turn. With a seed, each episode samples from its own stream derived from
+        (seed, i). Returns diagnostics (seconds, forward passes, ...).
+        """
         ...

@@ -1,10 +1,20 @@
-"""Batched multi-turn rollouts: many episodes at once, one `generate` call per turn.
+"""Batched multi-turn rollouts: many episodes at once, each growing one token sequence.
 
-Every turn, all unfinished episodes are generated together; their turns are stepped in
-their environments in parallel threads (tool calls run in sandbox processes or release the
-GIL, so a slow call costs at most its own timeout); finished episodes drop out. Each
-episode keeps one growing token sequence with a mask of the tokens the model generated, so
-GRPO trains on exactly the sampled ids and ES needs only the rewards.
+Two ways to run them, with the same trajectories:
+
+- **Episode loop** (a policy with `EpisodePolicy.generate_episodes`, e.g. `HFPolicy`): the
+  policy runs all episodes in one continuous-batching loop and keeps each episode's KV cache
+  across turns; when an episode's turn ends, its env is stepped (tool call, grading) in a
+  worker thread while the other episodes keep decoding, and the episode continues with what
+  the env answered.
+- **Turn by turn** (any `Policy`): every turn, all unfinished episodes are generated in one
+  `generate_ids` call, then their turns are stepped in their environments in parallel
+  threads.
+
+Tool calls run in sandbox processes or release the GIL, so a slow call costs at most its own
+timeout; finished episodes drop out. Each episode keeps one growing token sequence with a
+mask of the tokens the model generated, so GRPO trains on exactly the sampled ids and ES
+needs only the rewards.
 """
 
 from __future__ import annotations
@@ -18,7 +28,7 @@ from typing import Any, Literal
 
 import gymnasium as gym
 
-from copes.agents.policy import Generation, Policy, SamplingConfig
+from copes.agents.policy import EpisodePolicy, Generation, Policy, SamplingConfig
 
 logger = logging.getLogger(__name__)
 
@@ -67,15 +77,22 @@ class Trajectory:
 
 @dataclass
 class RolloutStats:
-    """Where the time of a rollout went, and how much was generated."""
+    """Where the time of a rollout went, and how much was generated.
+
+    Turn by turn, `generation_seconds` and `env_seconds` add up (the env steps of a turn run
+    between its `generate_ids` call and the next). Through the policy's episode loop, tool
+    calls overlap decoding: `generation_seconds` is the whole loop, `env_seconds` the summed
+    time of the env steps, and `engine` the loop's own diagnostics.
+    """
 
     generation_seconds: float = 0.0
-    env_seconds: float = 0.0  # tool calls and grading, wall time of the parallel steps
+    env_seconds: float = 0.0  # tool calls and grading
     generated_tokens: int = 0
     generate_calls: int = 0
     # Inside env_seconds, summed over episodes (threads overlap, so the sums may exceed it):
     tool_seconds: float = 0.0  # in tool calls (ToolEnv's info["tool_seconds"])
     grade_seconds: float = 0.0  # in the grader (info["grade_seconds"])
+    engine: dict[str, float] = field(default_factory=dict)
 
 
 class RolloutBatch(list):
@@ -112,8 +129,9 @@ def _start(policy: Policy, env: gym.Env, seed: int | None, options: dict | None)
     return _Episode(env, trajectory, tools)
 
 
-def _step(policy: Policy, episode: _Episode, generation: Generation) -> None:
-    """Feed one generated turn to the episode's env and extend its token sequence."""
+def _step(policy: Policy, episode: _Episode, generation: Generation) -> list[int] | None:
+    """Feed one generated turn to the episode's env and extend its token sequence; return
+    the ids that follow the turn (None when the episode ended)."""
     traj = episode.trajectory
     traj.token_ids.extend(generation.token_ids)
     traj.generated_mask.extend([1] * len(generation.token_ids))
@@ -133,7 +151,7 @@ def _step(policy: Policy, episode: _Episode, generation: Generation) -> None:
         if reason == "max_turns" and info.get("action") == "invalid":
             reason = "invalid"
         traj.end_reason = reason
-        return
+        return None
     # The messages the env added after the assistant turn (tool output or feedback).
     new_messages = _messages_after_last_assistant(info["messages"])
     tail = policy.chat.tokenizer.decode(generation.token_ids[-4:], skip_special_tokens=False)
@@ -141,6 +159,7 @@ def _step(policy: Policy, episode: _Episode, generation: Generation) -> None:
     traj.token_ids.extend(continuation)
     traj.generated_mask.extend([0] * len(continuation))
     traj.logprobs.extend([0.0] * len(continuation))
+    return continuation
 
 
 def _messages_after_last_assistant(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -167,17 +186,21 @@ def rollout(
     options: Sequence[dict[str, Any] | None] | None = None,
     max_context: int | None = None,
     tool_threads: int = 16,
+    continuous_batching: bool = True,
 ) -> RolloutBatch:
     """Run one episode in each env to the end; return their trajectories (in env order).
 
     Args:
         policy: the model backend.
         envs: one environment per episode (each is reset here).
-        sampling: sampling of every turn; its stop strings default to the env's call format,
-            and its seed (if any) is varied per turn so turns are not correlated.
+        sampling: sampling of every turn; its stop strings default to the env's call format.
         seeds / options: passed to each env's `reset` (e.g. ``{"task": task}``).
         max_context: tokens an episode may use in all; default: the policy's context.
         tool_threads: threads stepping environments (tool calls) in parallel.
+        continuous_batching: run whole episodes in the policy's own loop when it has one
+            (`EpisodePolicy`: KV caches kept across turns, turns overlapping tool calls);
+            False, or a policy without it, runs turn by turn: one `generate_ids` call per
+            turn over all unfinished episodes, whose seed is varied per turn.
     """
     if not envs:
         return RolloutBatch([], RolloutStats())
@@ -190,14 +213,69 @@ def rollout(
         sampling = replace(sampling, stop=stop_strings_for(envs[0]))
     stats = RolloutStats()
     episodes = [_start(policy, env, s, o) for env, s, o in zip(envs, seeds, options, strict=True)]
+    if continuous_batching and getattr(policy, "supports_episodes", False):
+        _run_episodes(policy, episodes, sampling, limit, stats, tool_threads)
+    else:
+        _run_turns(policy, episodes, sampling, limit, stats, tool_threads)
+    stats.tool_seconds = sum(e.tool_seconds for e in episodes)
+    stats.grade_seconds = sum(e.grade_seconds for e in episodes)
+    return RolloutBatch([e.trajectory for e in episodes], stats)
+
+
+def _fits(episode: _Episode, sampling: SamplingConfig, limit: int) -> bool:
+    """Whether another turn of up to max_new_tokens fits the context (else: end cleanly)."""
+    if len(episode.trajectory.token_ids) + sampling.max_new_tokens > limit:
+        _end_for_context(episode)
+        return False
+    return True
+
+
+def _run_episodes(
+    policy: EpisodePolicy,
+    episodes: list[_Episode],
+    sampling: SamplingConfig,
+    limit: int,
+    stats: RolloutStats,
+    threads: int,
+) -> None:
+    """All episodes in the policy's episode loop; env steps run as their turns end."""
+    active = [e for e in episodes if _fits(e, sampling, limit)]
+    if not active:
+        return
+    env_seconds: list[float] = []  # appended from worker threads
+
+    def next_turn(index: int, generation: Generation) -> list[int] | None:
+        start = time.perf_counter()
+        episode = active[index]
+        continuation = _step(policy, episode, generation)
+        if continuation is not None and not _fits(episode, sampling, limit):
+            continuation = None
+        env_seconds.append(time.perf_counter() - start)
+        return continuation
+
+    start = time.perf_counter()
+    prompts = [list(e.trajectory.token_ids) for e in active]
+    stats.engine = policy.generate_episodes(prompts, sampling, next_turn, threads=threads)
+    stats.generation_seconds += time.perf_counter() - start
+    stats.env_seconds += sum(env_seconds)
+    stats.generate_calls += 1
+    stats.generated_tokens += sum(e.trajectory.num_generated_tokens for e in active)
+
+
+def _run_turns(
+    policy: Policy,
+    episodes: list[_Episode],
+    sampling: SamplingConfig,
+    limit: int,
+    stats: RolloutStats,
+    threads: int,
+) -> None:
+    """Turn by turn: one batched `generate_ids` call over all unfinished episodes, then
+    their env steps in parallel threads."""
     turn = 0
-    with ThreadPoolExecutor(max_workers=max(1, min(tool_threads, len(envs)))) as pool:
+    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(episodes)))) as pool:
         while True:
-            active = [e for e in episodes if not e.done]
-            for episode in active:
-                if len(episode.trajectory.token_ids) + sampling.max_new_tokens > limit:
-                    _end_for_context(episode)
-            active = [e for e in active if not e.done]
+            active = [e for e in episodes if not e.done and _fits(e, sampling, limit)]
             if not active:
                 break
             turn_sampling = sampling
@@ -217,6 +295,3 @@ def rollout(
                 if not episode.done and len(episode.trajectory.token_ids) >= limit:
                     _end_for_context(episode)
             turn += 1
-    stats.tool_seconds = sum(e.tool_seconds for e in episodes)
-    stats.grade_seconds = sum(e.grade_seconds for e in episodes)
-    return RolloutBatch([e.trajectory for e in episodes], stats)

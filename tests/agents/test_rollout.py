@@ -1,5 +1,6 @@
 """Batched multi-turn rollouts with the real tiny agent in the real environments."""
 
+import pytest
 import torch
 
 from copes.agents.policy import SamplingConfig
@@ -9,18 +10,27 @@ from copes.envs.tasks.synthetic import synthetic_math_tasks, synthetic_qa_tasks
 
 
 class RecordingPolicy:
-    """The real policy, keeping every Generation it returned (to check the sequences)."""
+    """The real policy, keeping every Generation it returned (to check the sequences); with
+    `episodes`, it offers the policy's episode loop too."""
 
-    def __init__(self, policy):
+    def __init__(self, policy, episodes=False):
         self.policy = policy
         self.chat = policy.chat
         self.max_context = policy.max_context
+        self.supports_episodes = episodes
         self.calls = []
 
     def generate_ids(self, prompts, sampling):
         out = self.policy.generate_ids(prompts, sampling)
         self.calls.append(([list(p) for p in prompts], out))
         return out
+
+    def generate_episodes(self, prompts, sampling, next_turn, *, threads=16):
+        def recording(index, generation):
+            self.calls.append(([generation.prompt_token_ids], [generation]))
+            return next_turn(index, generation)
+
+        return self.policy.generate_episodes(prompts, sampling, recording, threads=threads)
 
 
 def spans(mask):
@@ -41,8 +51,9 @@ def make_envs(n=4):
     return math, qa
 
 
-def test_rollout_sequences_masks_and_logprobs(tiny_policy):
-    recorder = RecordingPolicy(tiny_policy)
+@pytest.mark.parametrize("episodes", [False, True], ids=["turn-by-turn", "episode-loop"])
+def test_rollout_sequences_masks_and_logprobs(tiny_policy, episodes):
+    recorder = RecordingPolicy(tiny_policy, episodes)
     math, qa = make_envs()
     sampling = SamplingConfig(max_new_tokens=64, temperature=1.0, seed=0)
     trajectories = rollout(recorder, math, sampling) + rollout(recorder, qa, sampling)
@@ -56,8 +67,10 @@ def test_rollout_sequences_masks_and_logprobs(tiny_policy):
         assistant = [m["content"] for m in traj.messages if m["role"] == "assistant"]
         for (start, end), text in zip(runs, assistant, strict=True):
             ids = traj.token_ids[start:end]
-            # retokenization safety: the trained ids are exactly ids the policy generated
-            assert any(g.token_ids == ids for g in generated)
+            # retokenization safety: the trained ids are exactly ids the policy generated,
+            # after exactly the ids it was given
+            prefix = traj.token_ids[:start]
+            assert any(g.token_ids == ids and g.prompt_token_ids == prefix for g in generated)
             assert tiny_policy.tokenizer.decode(ids, skip_special_tokens=True) == text
         for message in traj.messages:
             if message["role"] == "tool" and message["content"].strip():

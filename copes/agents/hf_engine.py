@@ -1,0 +1,242 @@
+"""Whole multi-turn episodes in one continuous-batching decode loop (the HF backend's
+`generate_episodes`).
+
+Every episode keeps its KV cache from turn to turn, so a turn costs only its new tokens.
+A row whose turn ends leaves the batch at once: its turn goes to `next_turn` (the rollout
+steps its environment: a tool call, grading) in a worker thread while the other rows keep
+decoding; the row then re-joins with the tokens that follow its turn (tool output and the
+next assistant header) prefilled into its cache. Rows never wait for the longest row of a
+turn, and turns of different episodes overlap with each other and with tool calls.
+
+Determinism. The schedule depends only on the tokens: a row whose turn ended during decode
+step ``s`` re-joins before step ``s + 1 + TOOL_OVERLAP_STEPS``, after its `next_turn` has
+returned (waiting for it if it is slower than that), never "whenever its tool happens to be
+done". Each episode samples from its own random stream (`copes.agents.sampling`), seeded by
+(seed, episode index). So a seeded run is reproducible run to run on the same machine, and
+an episode's tokens depend on its own stream and logits only; logits themselves can differ
+in the last bits with the batch's composition (as in any batched inference), which can very
+rarely flip a token, so equality across batch compositions is not guaranteed bit for bit.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from copes.agents.kv_batch import KVBatch, SlotBatch
+from copes.agents.policy import FinishReason, Generation, SamplingConfig
+from copes.agents.sampling import chosen_logprobs, sample_tokens, stream
+
+if TYPE_CHECKING:
+    from copes.agents.hf import HFPolicy
+
+# Decode steps a row's `next_turn` (its tool call) overlaps before the row must re-join.
+TOOL_OVERLAP_STEPS = 3
+
+# Shorter prompt prefixes shared by all new episodes are not worth a forward pass of their own.
+MIN_SHARED_PREFIX = 16
+
+NextTurn = Callable[[int, Generation], "Sequence[int] | None"]
+
+
+@dataclass
+class _Episode:
+    index: int
+    sequence: list[int]  # every id so far: prompt, turns, what followed each turn
+    rng: torch.Generator
+    feed: list[int]  # ids to prefill before the next token is chosen
+    turn_ids: list[int] = field(default_factory=list)
+    turn_logprobs: list[float] = field(default_factory=list)
+
+
+@dataclass
+class _Group:
+    """Rows that left the batch after the same step, waiting for their `next_turn`."""
+
+    ready_step: int
+    episodes: list[_Episode]
+    cache: KVBatch
+    futures: list[Future]
+
+
+class _StopCheck:
+    """Does a turn's text contain one of the stop strings? Decodes only the turn's tail: a
+    stop string of n bytes that the last token completes spans at most n tokens."""
+
+    def __init__(self, tokenizer: Any, stops: Sequence[str]) -> None:
+        self.decode = tokenizer.decode
+        self.stops = tuple(stops)
+        self.window = max((len(s.encode("utf-8")) for s in self.stops), default=0) + 2
+
+    def __call__(self, ids: list[int]) -> bool:
+        if not self.stops:
+            return False
+        text = self.decode(ids[-self.window :], skip_special_tokens=False)
+        return any(s in text for s in self.stops)
+
+
+class EpisodeEngine:
+    """Runs `HFPolicy.generate_episodes` (one call = one set of episodes)."""
+
+    def __init__(self, policy: HFPolicy, sampling: SamplingConfig, next_turn: NextTurn) -> None:
+        self.policy = policy
+        self.model = policy.model
+        self.sampling = sampling
+        self.next_turn = next_turn
+        self.stop = _StopCheck(policy.tokenizer, sampling.stop)
+        self.pad_id = policy.tokenizer.pad_token_id
+        self.device = policy.device
+        self.stats = {"forward_passes": 0, "decode_steps": 0, "prefill_tokens": 0}
+        self.stats |= {"tool_wait_seconds": 0.0, "seconds": 0.0}
+
+    # ------------------------------------------------------------------ the loop
+    @torch.no_grad()
+    def run(self, prompts: Sequence[Sequence[int]], threads: int) -> dict[str, float]:
+        from copes.optimizers.perturb import derive_seed
+
+        start = time.perf_counter()
+        seed = self.sampling.seed
+        if seed is None:  # one draw from the global generator, as `generate` would make
+            seed = int(torch.randint(2**62, (1,)).item())
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        fresh = deque(
+            _Episode(i, list(p), stream(derive_seed("episode-sampling", seed, i)), list(p))
+            for i, p in enumerate(prompts)
+        )
+        running: list[_Episode] = []  # in the order of their slots in `batch`
+        self.capacity = min(self.policy.batch_size, len(prompts))
+        batch = SlotBatch(self.capacity, self.device)
+        waiting: deque[_Group] = deque()
+        with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+            while fresh or running or waiting:
+                joining, parts = self._admit(waiting, fresh, len(running))
+                if joining:  # prefill their prompts, or what followed their last turn
+                    joined = KVBatch.concat(parts)
+                    logits = joined.forward(self.model, [e.feed for e in joining], self.pad_id)
+                    self.stats["forward_passes"] += 1
+                    self.stats["prefill_tokens"] += sum(len(e.feed) for e in joining)
+                    stay, leave, futures = self._choose(joining, logits, pool)
+                    if leave:
+                        ready = self.stats["decode_steps"] + TOOL_OVERLAP_STEPS
+                        leaving = [joining[r] for r in leave]
+                        waiting.append(_Group(ready, leaving, joined.take(leave), futures))
+                    if stay:
+                        batch.add(joined.take(stay) if leave else joined)
+                        running.extend(joining[r] for r in stay)
+                if not running:
+                    continue
+                logits = batch.forward(self.model, [e.feed[0] for e in running])
+                self.stats["forward_passes"] += 1
+                self.stats["decode_steps"] += 1
+                stay, leave, futures = self._choose(running, logits, pool)
+                if leave:
+                    ready = self.stats["decode_steps"] + TOOL_OVERLAP_STEPS
+                    cache, order = batch.remove(leave)
+                    waiting.append(_Group(ready, [running[r] for r in leave], cache, futures))
+                    running = [running[slot] for slot in order]
+        self.stats["seconds"] = time.perf_counter() - start
+        return self.stats
+
+    def _admit(
+        self, waiting: deque[_Group], fresh: deque[_Episode], running: int
+    ) -> tuple[list[_Episode], list[KVBatch]]:
+        """Rows that join before the next decode step: the groups whose turn has come, in
+        the order they left (the oldest one regardless when nothing else would run), then
+        new episodes while the batch has room."""
+        room = self.capacity - running
+        joining: list[_Episode] = []
+        parts: list[KVBatch] = []
+        while waiting and len(waiting[0].episodes) <= room - len(joining):
+            group = waiting[0]
+            idle = not running and not joining and not fresh
+            if group.ready_step > self.stats["decode_steps"] and not idle:
+                break
+            waiting.popleft()
+            wait_start = time.perf_counter()
+            follows = [future.result() for future in group.futures]
+            self.stats["tool_wait_seconds"] += time.perf_counter() - wait_start
+            alive = [i for i, ids in enumerate(follows) if ids is not None]
+            for i in alive:
+                episode = group.episodes[i]
+                # The turn's last token was chosen but never fed: it leads the prefill.
+                episode.feed = [episode.turn_ids[-1], *follows[i]]
+                episode.sequence.extend(follows[i])
+                episode.turn_ids, episode.turn_logprobs = [], []
+            if alive:
+                joining.extend(group.episodes[i] for i in alive)
+                parts.append(group.cache.take(alive))
+        if waiting and waiting[0].ready_step <= self.stats["decode_steps"]:
+            return joining, parts  # a continuing episode waits for room: start none
+        new = []
+        while fresh and len(joining) + len(new) < room:
+            new.append(fresh.popleft())
+        if new:
+            joining.extend(new)
+            parts.append(self._start(new))
+        return joining, parts
+
+    def _start(self, episodes: list[_Episode]) -> KVBatch:
+        """The cache of new episodes before their prefill. The prompt prefix they all share
+        (chat templates open with the same instructions and tool list; GRPO's samples of a
+        task share the whole prompt) is computed once and copied to every row."""
+        prompts = [e.feed for e in episodes]
+        shared = 0
+        shortest = min(len(p) for p in prompts) - 1  # every row keeps a token to feed
+        while shared < shortest and all(p[shared] == prompts[0][shared] for p in prompts):
+            shared += 1
+        if len(episodes) < 2 or shared < MIN_SHARED_PREFIX:
+            return KVBatch.empty(len(episodes), self.device)
+        prefix = KVBatch.empty(1, self.device)
+        prefix.forward(self.model, [prompts[0][:shared]], self.pad_id)
+        self.stats["forward_passes"] += 1
+        self.stats["prefill_tokens"] += shared
+        for episode in episodes:
+            episode.feed = episode.feed[shared:]
+        return prefix.repeat(len(episodes))
+
+    # ------------------------------------------------------------------ one token per row
+    def _choose(
+        self, episodes: list[_Episode], logits: torch.Tensor, pool: ThreadPoolExecutor
+    ) -> tuple[list[int], list[int], list[Future]]:
+        """Choose every row's next token. The `next_turn` of every row whose turn ended
+        starts now. Returns the rows that stay, the rows that leave and their futures."""
+        tokens = sample_tokens(logits, self.sampling, [e.rng for e in episodes])
+        logprobs = chosen_logprobs(logits, tokens).tolist()
+        stay: list[int] = []
+        leave: list[int] = []
+        futures = []
+        for row, (episode, token) in enumerate(zip(episodes, tokens.tolist(), strict=True)):
+            episode.turn_ids.append(token)
+            episode.turn_logprobs.append(logprobs[row])
+            episode.feed = [token]
+            reason = self._finish_reason(episode.turn_ids)
+            if reason is None:
+                stay.append(row)
+                continue
+            generation = Generation(
+                self.policy.tokenizer.decode(episode.turn_ids, skip_special_tokens=True),
+                list(episode.turn_ids),
+                list(episode.turn_logprobs),
+                reason,
+                prompt_token_ids=list(episode.sequence),
+            )
+            episode.sequence.extend(episode.turn_ids)
+            leave.append(row)
+            futures.append(pool.submit(self.next_turn, episode.index, generation))
+        return stay, leave, futures
+
+    def _finish_reason(self, ids: list[int]) -> FinishReason | None:
+        if ids[-1] in self.policy.eos_ids:
+            return "eos"
+        if self.stop(ids):
+            return "stop"
+        if len(ids) >= self.sampling.max_new_tokens:
+            return "length"
+        return None
