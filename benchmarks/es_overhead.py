@@ -5,11 +5,14 @@ Runs a few real training steps of ES (K = 1) and CoPES (K = 4 by default) on the
 TaskRollout`: same task batch for every member, greedy, tool calls in parallel threads) and
 splits each step's wall time into:
 
-- generation: `policy.generate_ids` calls (wall);
-- environment: stepping the envs after each turn (wall; tool calls, grading, parsing and
-  re-encoding the conversation, in parallel threads), of which the time inside tool calls and
-  inside the grader is reported summed over episodes (threads overlap, so the sums can exceed
-  the wall time they are part of);
+- generation: the policy's generation (wall): its episode loop when it has one (the
+  transformers backend), whose env steps run in threads *while* other episodes decode, so
+  that time is inside generation and reported apart as `environment_overlapped`; otherwise
+  the per-turn `generate_ids` calls;
+- environment: stepping the envs between turns on the turn-by-turn path (wall; tool calls,
+  grading, parsing and re-encoding, in parallel threads); 0 under the episode loop. The time
+  inside tool calls and inside the grader is reported summed over episodes (threads overlap,
+  so the sums can exceed the wall time they are part of);
 - perturb + restore: the weight-space engine before and after every member (wall);
 - update: `tell()`, the one update of the step (wall); and, separately, the same update with
   every member's coefficient non-zero (the engine skips zero coefficients, and an agent
@@ -78,7 +81,8 @@ def time_steps(args: argparse.Namespace, subspaces: int) -> list[dict[str, float
                 "subspaces": subspaces,
                 "total": total,
                 "generation": sum(s.generation_seconds for s in rollouts),
-                "environment": sum(s.env_seconds for s in rollouts),
+                "environment": sum(s.env_seconds for s in rollouts if not s.engine),
+                "environment_overlapped": sum(s.env_seconds for s in rollouts if s.engine),
                 "tool_calls_summed": sum(s.tool_seconds for s in rollouts),
                 "grading_summed": sum(s.grade_seconds for s in rollouts),
                 "perturb_restore": weights,
