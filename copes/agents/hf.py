@@ -15,7 +15,7 @@ import torch
 
 from copes.agents.chat import ChatFormat
 from copes.agents.kv_batch import supports_kv_batch
-from copes.agents.policy import FinishReason, Generation, SamplingConfig
+from copes.agents.policy import ChatGeneration, FinishReason, Generation, SamplingConfig
 
 if TYPE_CHECKING:
     from copes.optimizers.perturb import WeightSpace
@@ -47,7 +47,7 @@ def resolve_model_path(name_or_path: str | Path) -> str:
     return str(name_or_path)
 
 
-class HFPolicy:
+class HFPolicy(ChatGeneration):
     """A transformers causal LM and its tokenizer behind the `Policy` interface.
 
     Args:
@@ -140,15 +140,6 @@ class HFPolicy:
         result = self.model.load_state_dict(state, strict=False)
         if result.unexpected_keys or [k for k in result.missing_keys if "lm_head" not in k]:
             raise RuntimeError(f"weights do not match the model: {result}")
-
-    def generate(
-        self,
-        conversations: Sequence[Sequence[dict[str, Any]]],
-        sampling: SamplingConfig,
-        tools: Sequence[dict[str, Any]] | None = None,
-    ) -> list[Generation]:
-        prompts = [self.chat.encode_prompt(c, tools) for c in conversations]
-        return self.generate_ids(prompts, sampling)
 
     @torch.no_grad()
     def generate_ids(

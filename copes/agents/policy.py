@@ -69,6 +69,27 @@ class Generation:
     prompt_token_ids: list[int] = field(default_factory=list)
 
 
+class ChatGeneration:
+    """`Policy.generate` for every backend: the conversation through the policy's own
+    `ChatFormat` (its chat template), then one batched `generate_ids` call."""
+
+    chat: ChatFormat
+
+    def generate_ids(
+        self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig
+    ) -> list[Generation]:
+        raise NotImplementedError
+
+    def generate(
+        self,
+        conversations: Sequence[Sequence[dict[str, Any]]],
+        sampling: SamplingConfig,
+        tools: Sequence[dict[str, Any]] | None = None,
+    ) -> list[Generation]:
+        prompts = [self.chat.encode_prompt(c, tools) for c in conversations]
+        return self.generate_ids(prompts, sampling)
+
+
 @runtime_checkable
 class Policy(Protocol):
     """What optimizers, rollouts and evaluations need from a model backend."""

@@ -30,7 +30,7 @@ import torch
 
 from copes.agents.chat import ChatFormat
 from copes.agents.hf import resolve_model_path
-from copes.agents.policy import FinishReason, Generation, SamplingConfig
+from copes.agents.policy import ChatGeneration, FinishReason, Generation, SamplingConfig
 
 if TYPE_CHECKING:
     from copes.agents.vllm_weights import VLLMWeights
@@ -81,7 +81,7 @@ def scratch_dir(needed_bytes: int) -> str | None:
     return shm if writable and shutil.disk_usage(shm).free > 1.2 * needed_bytes else None
 
 
-class VLLMPolicy:
+class VLLMPolicy(ChatGeneration):
     """A `vllm.LLM` behind the `Policy` interface.
 
     Args:
@@ -209,15 +209,6 @@ class VLLMPolicy:
         if self._weights is None:
             self._weights = VLLMWeights(self)
         return self._weights
-
-    def generate(
-        self,
-        conversations: Sequence[Sequence[dict[str, Any]]],
-        sampling: SamplingConfig,
-        tools: Sequence[dict[str, Any]] | None = None,
-    ) -> list[Generation]:
-        prompts = [self.chat.encode_prompt(c, tools) for c in conversations]
-        return self.generate_ids(prompts, sampling)
 
     def generate_ids(
         self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig
