@@ -11,10 +11,11 @@ def test_folder_is_a_normal_hugging_face_model(tiny_agent_dir):
     model = AutoModelForCausalLM.from_pretrained(tiny_agent_dir)
     tokenizer = AutoTokenizer.from_pretrained(tiny_agent_dir)
     assert model.config.model_type == "qwen2"
-    assert 1e6 < sum(p.numel() for p in model.parameters()) < 2e7  # "a few million"
+    # 0.56M: two layers, the shape that learns to copy within the build (docs/agents.md)
+    assert 3e5 < sum(p.numel() for p in model.parameters()) < 2e7
     assert tokenizer.chat_template and tokenizer.eos_token == "<|im_end|>"
-    # digits one per token; tool tags are single ordinary tokens that survive decoding
-    assert tokenizer.tokenize("90817") == ["9", "0", "8", "1", "7"]
+    # digits one per token (Qwen2's split); tool tags are single ordinary tokens
+    assert tokenizer.tokenize("90817") == list("90817")
     ids = tokenizer("<python>x</python>", add_special_tokens=False)["input_ids"]
     assert tokenizer.convert_ids_to_tokens(ids[0]) == "<python>"
     assert tokenizer.decode(ids, skip_special_tokens=True) == "<python>x</python>"
@@ -24,7 +25,29 @@ def test_build_report(tiny_agent_dir):
     report = json.loads((tiny_agent_dir / "copes_tiny.json").read_text())
     accuracy = report["validation_accuracy_greedy_64"]
     assert set(accuracy) == {"math", "qa"} and all(0.0 <= a <= 1.0 for a in accuracy.values())
-    assert report["transcripts"] == 3000 and report["sft_final_loss"] < 4.0
+    assert report["transcripts"] == 3000 and report["sft_final_loss"] < 1.0
+    assert report["copy_final_loss"] < 1.0  # induction formed: chance is ln(1024) = 6.9
+    # the warm start is partial, as the issue asks (15-50%); measured on the reloaded folder
+    assert 0.15 <= accuracy["math"] <= 0.6
+
+
+def test_saved_tokenizer_loads_as_it_was_trained(tiny_agent_dir):
+    """transformers loads a qwen2 folder's tokenizer as Qwen2Tokenizer, which rebuilds Qwen2's
+    pre-tokenizer around the saved vocabulary: the build must have trained with exactly that
+    pipeline, or every prompt would be tokenized differently from the SFT data."""
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+
+    from copes.agents.tiny import TinyAgentConfig, collect_transcripts
+
+    as_trained = Tokenizer.from_file(str(tiny_agent_dir / "tokenizer.json"))
+    as_loaded = AutoTokenizer.from_pretrained(tiny_agent_dir)
+    config = TinyAgentConfig(math_transcripts=3, qa_transcripts=3)
+    for conversation in collect_transcripts(config, progress=False):
+        for message in conversation:
+            text = message["content"]
+            expected = as_trained.encode(text, add_special_tokens=False).ids
+            assert as_loaded(text, add_special_tokens=False)["input_ids"] == expected
 
 
 def test_warm_start_knows_the_tool_format(tiny_policy):
@@ -67,3 +90,20 @@ def test_expert_mistake_rate_is_validated():
 
     with pytest.raises(ValueError, match="mistake_rate"):
         ScriptedExpert(mistake_rate=1.5)
+
+
+def test_induction_drills_repeat_a_stretch_of_their_context():
+    from copes.agents.tiny import TAG_TOKENS, induction_drills, train_tokenizer
+
+    tokenizer = train_tokenizer(["a few words to learn from"] * 5, 300)
+    drills = induction_drills(tokenizer, 50, seed=3)
+    assert drills == induction_drills(tokenizer, 50, seed=3)  # seeded
+    tags = set(tokenizer.convert_tokens_to_ids(TAG_TOKENS))
+    for ids, mask in drills:
+        target = [i for i, m in zip(ids, mask, strict=True) if m]
+        head = ids[: len(ids) - len(target)]
+        assert 9 <= len(target) <= 29 and mask == [0] * len(head) + [1] * len(target)
+        # the repeat's first token ends the context; the rest of the stretch is the target
+        stretch = [head[-1], *target]
+        assert any(head[i : i + len(stretch)] == stretch for i in range(len(head) - 1))
+        assert not tags & set(ids) and min(ids) >= 3  # no specials or tool tags inside
