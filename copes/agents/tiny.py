@@ -1,4 +1,4 @@
-"""The embedded default agent: a few-million-parameter Qwen2 model built offline.
+"""The embedded default agent: a 0.56M-parameter Qwen2 model built offline.
 
 No weights can be downloaded on many machines, yet a new user should see the whole system
 work in minutes on a CPU. So copes builds its own small tool-using agent, deterministically:
@@ -6,11 +6,11 @@ work in minutes on a CPU. So copes builds its own small tool-using agent, determ
 1. a scripted expert (`copes.agents.scripted`) acts in the real synthetic ToolMath and ToolQA
    environments (real sandboxed Python, real BM25 search), making deliberate mistakes in a
    fraction of episodes;
-2. a byte-level BPE tokenizer (numbers in groups of up to three digits, tool tags as single
-   tokens, a ChatML chat template) is trained on those transcripts and the synthetic task text;
+2. a byte-level BPE tokenizer (Qwen2's pre-tokenizer, so digits one per token; tool tags as
+   single tokens; a ChatML chat template) is trained on those transcripts and the task text;
 3. a Qwen2-architecture causal LM is initialised from a config, first taught to copy (random
-   token sequences repeated after a separator: this forms the induction heads every tool call
-   needs), then fine-tuned on the expert's turns for a fixed, short budget, so it knows the
+   token stretches repeated after a random gap: this forms the induction heads every tool
+   call needs), then fine-tuned on the expert's turns for a fixed, short budget, so it knows the
    format but is far from perfect;
 4. the result is saved as a normal Hugging Face folder, loadable by transformers and vLLM.
 
