@@ -42,7 +42,9 @@ def add_dataclass_flags(
             continue
         kind = _base_type(hints[f.name])
         default = f.default if f.default is not dataclasses.MISSING else None
-        text = f"{f.metadata.get('help', '')} (default: {default})"
+        help_ = f.metadata.get("help", "")
+        # the flag's own default is None (the dataclass default applies): say the real one
+        text = help_ if "default" in help_ else f"{help_} (default: {default})"
         choices = (
             typing.get_args(hints[f.name])
             if typing.get_origin(hints[f.name]) is typing.Literal
@@ -93,7 +95,6 @@ def train_parser() -> tuple[argparse.ArgumentParser, list[str], list[str]]:
     parser = argparse.ArgumentParser(
         prog="copes-train",
         description="Post-train a tool-using agent with ES, CoPES, GRPO or LoRA-GRPO.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--config", help="YAML or TOML file of settings (flags override it)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and memory, exit")
