@@ -144,7 +144,10 @@ class TaskRollout:
         options = [{"task": t} for t in tasks for _ in range(self.samples)]
         sampling = self.sampling
         if not sampling.greedy:
-            sampling = replace(sampling, seed=derive_seed("sample", self.seed, self.step, member))
+            # With the same batch, every member also gets the same sampling draws (common
+            # random numbers): reward differences then come from the weights, not the dice.
+            draws = None if self.same_batch else member
+            sampling = replace(sampling, seed=derive_seed("sample", self.seed, self.step, draws))
         envs = self.envs[: len(options)]
         return rollout(policy, envs, sampling, options=options, max_context=self.max_context)
 

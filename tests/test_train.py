@@ -161,3 +161,28 @@ def test_grpo_runs_and_resumes_from_its_last_checkpoint(tmp_path, tiny, optimize
 
     model = AutoModelForCausalLM.from_pretrained(out / "checkpoints" / "step-000002")
     assert not any("lora" in name for name, _ in model.named_parameters())  # merged, plain HF
+
+
+@pytest.mark.parametrize("same_batch", [True, False])
+def test_es_members_share_tasks_and_sampling_draws_with_the_same_batch(tiny_policy, same_batch):
+    """Common random numbers: with `same_batch`, sampled (T > 0) ES members see the same
+    tasks and the same draws, so identical weights give identical rewards; without it, each
+    member gets its own tasks."""
+    from copes.agents.policy import SamplingConfig
+    from copes.envs.presets import tool_math_env
+    from copes.envs.tasks.synthetic import synthetic_math_tasks
+    from copes.train import TaskRollout
+
+    tasks = synthetic_math_tasks("train", 40, seed=5)
+    sampling = SamplingConfig(max_new_tokens=48, temperature=1.0)
+    make_env = lambda: tool_math_env(tasks=tasks[:1])  # noqa: E731
+    rollouts = TaskRollout(make_env, tasks, 4, 1, sampling, 7, same_batch=same_batch)
+    try:
+        rollouts.begin_step(3)
+        first, second = (rollouts(tiny_policy, member=m) for m in (0, 1))
+    finally:
+        rollouts.close()
+    if same_batch:
+        assert [(t.messages, t.reward) for t in first] == [(t.messages, t.reward) for t in second]
+    else:
+        assert [t.messages[0] for t in first] != [t.messages[0] for t in second]
