@@ -25,10 +25,10 @@ def test_build_report(tiny_agent_dir):
     report = json.loads((tiny_agent_dir / "copes_tiny.json").read_text())
     accuracy = report["validation_accuracy_greedy_64"]
     assert set(accuracy) == {"math", "qa"} and all(0.0 <= a <= 1.0 for a in accuracy.values())
-    assert report["transcripts"] == 3000 and report["sft_final_loss"] < 1.0
+    assert report["transcripts"] == 4500 and report["sft_final_loss"] < 1.0
     assert report["copy_final_loss"] < 1.0  # induction formed: chance is ln(1024) = 6.9
     # the warm start is partial, as the issue asks (15-50%); measured on the reloaded folder
-    assert 0.15 <= accuracy["math"] <= 0.6
+    assert 0.15 <= accuracy["math"] <= 0.6 and 0.15 <= accuracy["qa"] <= 0.6
 
 
 def test_saved_tokenizer_loads_as_it_was_trained(tiny_agent_dir):
