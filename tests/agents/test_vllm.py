@@ -85,7 +85,8 @@ def test_hf_layout_is_the_transformers_backends_weight_order(engine, tiny_policy
     assert engine.max_context == 1024
     first, second = engine.rank_shards  # two ranks, each holding halves of split tensors
     down = "model.layers.0.mlp.down_proj.weight"  # row-parallel: split by columns
-    assert (first[down].dim, first[down].start, second[down].start) == (1, 0, 256)
+    half = tiny_policy.model.config.intermediate_size // 2
+    assert (first[down].dim, first[down].start, second[down].start) == (1, 0, half)
     vocab = first["model.embed_tokens.weight"], second["model.embed_tokens.weight"]
     assert (vocab[0].stop, vocab[1].start, vocab[1].stop) == (544, 544, 1032)  # padded split
     assert "model.norm.weight" not in first  # replicated: whole on every rank
