@@ -103,7 +103,7 @@ class MetricsLog:
             self._writer.flush()
 
     def plot(self, x_key: str = "generated_tokens_total") -> Path | None:
-        """Redraw `learning_curve.png`: training reward and validation accuracy vs budget."""
+        """Redraw `learning_curve.png`: training reward, validation reward and accuracy."""
         try:
             import matplotlib
 
@@ -123,8 +123,12 @@ class MetricsLog:
         if val:
             ax.plot([r.get(x_key, r["step"]) for r in val], [r["accuracy"] for r in val],
                     marker="o", label="validation accuracy")  # fmt: skip
+            ax.plot([r.get(x_key, r["step"]) for r in val], [r["reward_mean"] for r in val],
+                    marker="s", label="validation reward")  # fmt: skip
         ax.set_xlabel(x_key.replace("_", " "))
-        ax.set_ylim(-0.02, 1.02)
+        # Rewards dip below 0 with --invalid-penalty; keep the whole curve in view.
+        lowest = min([r["reward_mean"] for r in train + val] + [0.0])
+        ax.set_ylim(lowest - 0.02, 1.02)
         ax.grid(alpha=0.3)
         ax.legend()
         fig.tight_layout()

@@ -341,12 +341,16 @@ class Trainer:
             "reward_mean": sum(t.reward for t in batch) / n,
             "tool_calls_mean": sum(t.tool_calls for t in batch) / n,
             "turns_mean": sum(t.turns for t in batch) / n,
+            "invalid_rate": sum(t.end_reason == "invalid" for t in batch) / n,
             "generated_tokens_total": self.budget.tokens,
             "seconds_total": self.budget.seconds,
         }
         self.log.log("validation", self.budget.steps, result)
         self.log.plot()
-        logger.info("step %d validation accuracy %.3f", self.budget.steps, result["accuracy"])
+        logger.info(
+            "step %d validation reward %.3f accuracy %.3f (ended invalid %.3f)",
+            self.budget.steps, result["reward_mean"], result["accuracy"], result["invalid_rate"],
+        )  # fmt: skip
         return result
 
     def checkpoint(self) -> Path:
@@ -502,5 +506,7 @@ class Trainer:
             "seconds": round(self.budget.seconds, 1),
             "validation_accuracy_first": val[0]["accuracy"] if val else None,
             "validation_accuracy_last": val[-1]["accuracy"] if val else None,
+            "validation_reward_first": val[0]["reward_mean"] if val else None,
+            "validation_reward_last": val[-1]["reward_mean"] if val else None,
             "checksum": self.policy.weights().checksum() if is_es(self.config) else None,
         }

@@ -44,6 +44,8 @@ def test_copes_train_writes_every_artifact(tmp_path, tiny):
     for key in ("reward_mean", "reward_std", "accuracy", "generation_seconds", "tool_seconds",
                 "optimizer_seconds", "generated_tokens"):  # fmt: skip
         assert key in train[0]
+    for r in val:  # every validation episode either answered, ran out of turns or went invalid
+        assert 0.0 <= r["invalid_rate"] <= 1.0 and 0.0 <= r["accuracy"] <= 1.0
     assert [e["step"] for e in read_jsonl(out / "es_log.jsonl")] == [0, 1]
     assert len(read_jsonl(out / "es_log.jsonl")[0]["rewards"]) == 4
     assert (out / "learning_curve.png").stat().st_size > 1000
