@@ -113,7 +113,7 @@ def train_config(spec: RunSpec) -> Any:
 
 
 def curve_of(run_dir: Path) -> dict[str, list[float]]:
-    """The run's validations: step, generated tokens, wall seconds, accuracy."""
+    """The run's validations: step, generated tokens, wall seconds, accuracy, reward."""
     from copes.run_log import read_jsonl
 
     val = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["kind"] == "validation"]
@@ -122,6 +122,7 @@ def curve_of(run_dir: Path) -> dict[str, list[float]]:
         "tokens": [r["generated_tokens_total"] for r in val],
         "seconds": [r["seconds_total"] for r in val],
         "accuracy": [r["accuracy"] for r in val],
+        "reward": [r["reward_mean"] for r in val],
     }
 
 

@@ -19,9 +19,10 @@ from _learning_report import markdown, run_curve, summarize  # noqa: E402
 
 
 def record(method, seed, tokens, accuracy, passk=None):
+    seconds, reward = [t / 100 for t in tokens], [a - 0.1 for a in accuracy]
     return {
         "spec": {"method": method, "seed": seed},
-        "curve": {"tokens": tokens, "seconds": [t / 100 for t in tokens], "accuracy": accuracy},
+        "curve": {"tokens": tokens, "seconds": seconds, "accuracy": accuracy, "reward": reward},
         "pass_at_k": passk or {"pass@1": accuracy[-1], "pass@4": min(1.0, 2 * accuracy[-1])},
     }
 
@@ -36,7 +37,7 @@ def test_the_step_that_crosses_the_budget_is_credited_at_the_budget():
 
 def test_summary_of_hand_made_runs():
     # GRPO peaks at 500 tokens (mean 0.5 from 0.1: gain 0.4); CoPES has 0.3 by then (gain
-    # 0.2: 50%) and ES 0.2 (25%). Target = 0.1 + 0.4 / 2 = 0.3: CoPES reaches it at 400,
+    # 0.2: 50%) and ES 0.2 (25%). Target = base + 0.4 / 2 = 0.3: CoPES reaches it at 400,
     # ES at 1000 (2.5x).
     records = (
         [record("grpo", s, [0, 250, 500, 1000], [0.1, 0.3, 0.5, 0.4]) for s in (0, 1)]
@@ -45,7 +46,7 @@ def test_summary_of_hand_made_runs():
     )
     records.append({"spec": {"method": "es", "seed": 2}, "error": "Traceback: boom"})
     out = summarize(records, ["grpo", "copes-k4", "es"], "tokens", 1000)
-    assert out["reference_best_budget"] == 500 and out["target_accuracy"] == pytest.approx(0.3)
+    assert out["reference_best_budget"] == 500 and out["target_gain"] == pytest.approx(0.2)
     methods = out["methods"]
     assert methods["grpo"]["gain_recovered"]["fraction"] == pytest.approx(1.0)
     assert methods["copes-k4"]["gain_recovered"]["fraction"] == pytest.approx(0.5)
@@ -57,8 +58,17 @@ def test_summary_of_hand_made_runs():
     assert methods["grpo"]["final_accuracy"]["mean"] == pytest.approx(0.4)
     assert methods["es"]["pass_at_k"]["pass@4"]["mean"] == pytest.approx(0.6)
     assert len(methods["es"]["curve"]) == len(out["grid"])
+    assert methods["grpo"]["base_reward"]["mean"] == pytest.approx(0.0)
+    assert methods["grpo"]["final_reward"]["mean"] == pytest.approx(0.3)  # last, not best
     table = markdown(out, "hand-made")
     assert "| copes-k4 | 2 |" in table and "es/copes-k4 = 2.50x" in table
+    assert "| 0.000 [0.000, 0.000] | 0.300 [0.300, 0.300] |" in table  # GRPO: base, final reward
+    # An ES seed that never reaches the target: no ratio over the seeds that happened to.
+    stuck = record("es", 3, [0, 400, 1000], [0.1, 0.1, 0.1])
+    partial = summarize([*records, stuck], ["grpo", "copes-k4", "es"], "tokens", 1000)
+    assert partial["methods"]["es"]["budget_to_target"]["reached"] == 2
+    assert partial["speedup_to_target"]["es/copes-k4"] is None
+    assert "es/copes-k4 = n/a" in markdown(partial, "partial")
 
 
 def run_script(*args, timeout=600):

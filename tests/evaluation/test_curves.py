@@ -107,5 +107,17 @@ def test_budget_to_target_per_seed_and_on_the_mean_curve():
     got = budget_to_target(seeds, 0.4)
     assert got["per_seed"] == [10, None] and got["reached"] == 1
     assert got["mean_of_reached"] == 10 and got["mean_curve_first"] == 20  # mean 0.4 at 20
+    assert got["target_kind"] == "accuracy"
     # 0.1 + 0.2 is 0.30000000000000004: a run at 3/10 still reaches it
     assert curve([0, 5], [0.0, 3 / 10]).first_reaching(0.1 + 0.2) == 5
+
+
+def test_budget_to_a_gain_counts_from_each_seeds_own_base():
+    # Seed 2 starts at 0.5: it already "reaches" an absolute 0.4 at budget 0, but it needs
+    # 0.7 for a gain of 0.2; seed 1 needs 0.2 (its base is 0).
+    seeds = [curve([0, 10, 20], [0.0, 0.1, 0.2]), curve([0, 10, 20], [0.5, 0.6, 0.7])]
+    assert budget_to_target(seeds, 0.4)["per_seed"] == [None, 0]
+    got = budget_to_target(seeds, 0.2, gain=True)
+    assert got["per_seed"] == [20, 20] and got["mean_of_reached"] == 20
+    assert got["mean_curve_first"] == 20  # mean 0.45 = mean base 0.25 + 0.2 first at 20
+    assert got["target_kind"].startswith("gain")
