@@ -1,4 +1,4 @@
-"""`copes-train --help`: every flag states its real default once."""
+"""`copes-train` command lines: help states each default once; the README job parses."""
 
 import re
 
@@ -13,3 +13,18 @@ def test_help_states_each_default_once():
     for action in parser._actions:
         if action.help and action.option_strings and action.dest not in ("help",):
             assert len(re.findall(r"\(default", action.help)) <= 1, action.dest
+
+
+def test_readme_main_job_parses_into_the_settings_it_promises():
+    import shlex
+    from pathlib import Path
+
+    from copes.cli import parse_train_args
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    line = next(x for x in readme.splitlines() if "&& copes-train " in x)
+    argv = shlex.split(line.split("&& copes-train ", 1)[1])
+    config, optimizer, _ = parse_train_args(argv)
+    assert (config.optimizer, config.env, config.model) == ("copes", "ToolMath-v0", "tiny")
+    assert config.invalid_penalty > 0 and config.steps <= 30  # the shaping that moves it
+    assert optimizer["num_subspaces"] >= 2 and optimizer["antithetic"] is True
