@@ -100,12 +100,12 @@ def summarize(
             "final_accuracy": t_interval([c.at(budget) for c in cs], confidence).as_dict(),
             "best_accuracy": t_interval([c.best_until(budget) for c in cs], confidence).as_dict(),
             "overshoot_max": max(overshoot[m]),
-            "base_reward": t_interval([r[0] for r in rewards[m]], confidence).as_dict()
-            if rewards[m]
-            else None,
-            "final_reward": t_interval([r[1] for r in rewards[m]], confidence).as_dict()
-            if rewards[m]
-            else None,
+            **{
+                key: t_interval([r[i] for r in rewards[m]], confidence).as_dict()
+                if rewards[m]
+                else None
+                for i, key in enumerate(("base_reward", "final_reward"))
+            },
             "pass_at_k": {
                 k: t_interval([p[k] for p in passk[m] if k in p], confidence).as_dict()
                 for k in sorted({k for p in passk[m] for k in p})
