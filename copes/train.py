@@ -55,6 +55,19 @@ class TrainConfig:
     max_turns: int = flag("turns per episode", 4)
     max_context: int | None = flag("tokens per episode (default: the model's context)", None)
     invalid_penalty: float = flag("reward of a turn with no valid action, negated (0: none)", 0.0)
+    call_format: str = flag(
+        "tool calls: tags (any model learns them), native (what the model's chat template "
+        "teaches: hermes, qwen-xml or llama-json) or one of those three",
+        "tags",
+    )
+    enable_thinking: bool | None = flag(
+        "reasoning models: the chat template's enable_thinking (unset: the template's default)",
+        None,
+    )
+    chat_template_kwargs: str | None = flag(
+        'JSON object of extra chat-template variables, e.g. \'{"date_string": "26 Jul 2024"}\'',
+        None,
+    )
     temperature: float = flag("GRPO sampling temperature (ES scores greedily, Qiu et al.)", 1.0)
     es_temperature: float = flag("ES reward-evaluation temperature (0 = greedy)", 0.0)
     top_p: float = flag("nucleus sampling for training rollouts", 1.0)
@@ -89,6 +102,15 @@ class TrainConfig:
             raise ValueError("no budget: set steps, max_tokens or max_seconds")
         if any(b is not None and b <= 0 for b in budgets):
             raise ValueError(f"budgets must be positive, got steps/tokens/seconds = {budgets}")
+        from copes.envs.parsing import CALL_FORMATS
+
+        if self.call_format not in ("native", *CALL_FORMATS):
+            raise ValueError(
+                f"unknown call format {self.call_format!r}; choose native or one of {CALL_FORMATS}"
+            )
+        from copes.agents.chat import template_kwargs_for
+
+        template_kwargs_for(self.enable_thinking, self.chat_template_kwargs)  # fails early
         if self.backend not in ("hf", "vllm"):
             raise ValueError(f"unknown backend {self.backend!r}; choose hf or vllm")
         if self.batch_size < 1 or self.eval_tasks < 1 or self.eval_samples < 1:
@@ -169,18 +191,25 @@ def load_tasks_for(config: TrainConfig, split: str, limit: int) -> list[Any]:
     return tasks
 
 
-def env_factory(config: TrainConfig) -> Callable[[], Any]:
+def env_factory(config: TrainConfig, call_format: str = "tags") -> Callable[[], Any]:
+    """Builds the run's environments; `call_format` is resolved (`resolve_call_format`)."""
     from copes.envs.presets import tool_math_env, tool_qa_env
 
     make = tool_math_env if config.env == "ToolMath-v0" else tool_qa_env
     placeholder = load_tasks_for(config, config.train_split, 1)
     return lambda: make(
-        tasks=placeholder, max_turns=config.max_turns, invalid_penalty=config.invalid_penalty
+        tasks=placeholder,
+        max_turns=config.max_turns,
+        invalid_penalty=config.invalid_penalty,
+        call_format=call_format,
     )
 
 
 def build_policy(config: TrainConfig) -> Any:
     """The policy of a run; with vLLM, GRPO also gets a transformers copy to train."""
+    from copes.agents.chat import template_kwargs_for
+
+    template_kwargs = template_kwargs_for(config.enable_thinking, config.chat_template_kwargs)
     if config.backend == "vllm":
         from copes.agents.vllm import VLLMPolicy
 
@@ -188,10 +217,14 @@ def build_policy(config: TrainConfig) -> Any:
             config.model, dtype=config.dtype, seed=config.seed, device=config.device,
             tensor_parallel_size=config.tensor_parallel_size,
             gpu_memory_utilization=config.gpu_memory_utilization, trainable=not is_es(config),
+            chat_template_kwargs=template_kwargs,
         )  # fmt: skip
     from copes.agents.hf import HFPolicy
 
-    return HFPolicy.from_pretrained(config.model, device=config.device, dtype=config.dtype)
+    return HFPolicy.from_pretrained(
+        config.model, device=config.device, dtype=config.dtype,
+        chat_template_kwargs=template_kwargs,
+    )  # fmt: skip
 
 
 def build_replica_policy(config: TrainConfig, model_path: str) -> Any:
@@ -248,7 +281,10 @@ class Trainer:
         self.optimizer = build_optimizer(c, self.optimizer_overrides, self.policy)
         train_tasks = load_tasks_for(c, c.train_split, c.num_train_tasks)
         eval_tasks = load_tasks_for(c, c.eval_split, c.eval_tasks)
-        make_env = env_factory(c)
+        from copes.agents.chat import resolve_call_format
+
+        self.call_format = resolve_call_format(c.call_format, self.policy.chat)
+        make_env = env_factory(c, self.call_format)
         if is_es(c):
             samples = 1
             sampling = SamplingConfig(c.max_new_tokens, temperature=c.es_temperature, top_p=c.top_p)

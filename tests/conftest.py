@@ -28,3 +28,23 @@ def tiny_policy(tiny_agent_dir):
 
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     return HFPolicy.from_pretrained(tiny_agent_dir, device="cpu")
+
+
+@pytest.fixture(scope="session")
+def family_dir(request):
+    """`family_dir(name)`: the folder of a tiny trained model of a real family
+    (tests/families.py), built once into pytest's cache folder."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    import families
+
+    cache = Path(request.config.cache.mkdir("copes-families"))
+    built: dict[str, Path] = {}
+
+    def build(name: str) -> Path:
+        if name not in built:
+            built[name] = families.build_family(name, cache)
+        return built[name]
+
+    return build

@@ -56,14 +56,23 @@ class HFPolicy(ChatGeneration):
         batch_size: prompts per `generate` call; larger batches are split.
     """
 
-    def __init__(self, model: Any, tokenizer: Any, *, batch_size: int = 64) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        batch_size: int = 64,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
-        self.chat = ChatFormat(tokenizer)
         self.batch_size = batch_size
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         self.eos_ids = self._collect_eos_ids()
+        self.chat = ChatFormat(
+            tokenizer, end_of_turn_ids=self.eos_ids, template_kwargs=chat_template_kwargs
+        )
         self._weights: WeightSpace | None = None
         self._episodes_checked: tuple[Any, bool] = (None, False)
 
@@ -76,8 +85,12 @@ class HFPolicy(ChatGeneration):
         dtype: str | torch.dtype = "float32",
         batch_size: int = 64,
         trust_remote_code: bool = False,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> HFPolicy:
-        """Load from a hub id, a local Hugging Face folder, or `tiny` (the embedded agent)."""
+        """Load from a hub id, a local Hugging Face folder, or `tiny` (the embedded agent).
+
+        `chat_template_kwargs` go to the chat template (e.g. ``{"enable_thinking": False}``).
+        """
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         path = resolve_model_path(name_or_path)
@@ -102,7 +115,9 @@ class HFPolicy(ChatGeneration):
                 "tokenizer files, a reachable hub id, or 'tiny'."
             ) from exc
         model.to(resolve_device(device))
-        return cls(model, tokenizer, batch_size=batch_size)
+        return cls(
+            model, tokenizer, batch_size=batch_size, chat_template_kwargs=chat_template_kwargs
+        )
 
     # ------------------------------------------------------------------ Policy API
     @property

@@ -34,17 +34,24 @@ logger = logging.getLogger(__name__)
 
 EndReason = Literal["answer", "max_turns", "context", "invalid"]
 
-# Where the turn of a tool call or an answer ends, in the tags format: stop there.
-TAG_STOPS = ("</python>", "</search>", "</answer>")
+# Where the turn of a tool call or an answer ends: stop there (one action per turn).
 HERMES_STOPS = ("</tool_call>", "</answer>")
+# A Llama-3 JSON call has no closing tag: the model ends the turn with its end-of-turn token.
+LLAMA_JSON_STOPS = ("</answer>",)
+
+
+def call_format_of(env: gym.Env) -> str:
+    return getattr(env.unwrapped, "call_format", "tags")
 
 
 def stop_strings_for(env: gym.Env) -> tuple[str, ...]:
     """The stop strings that end a turn in `env`'s call format (one action per turn)."""
-    base = env.unwrapped
-    if getattr(base, "call_format", "tags") == "hermes":
+    call_format = call_format_of(env)
+    if call_format in ("hermes", "qwen-xml"):
         return HERMES_STOPS
-    names = getattr(base, "tools", {})
+    if call_format == "llama-json":
+        return LLAMA_JSON_STOPS
+    names = getattr(env.unwrapped, "tools", {})
     return (*(f"</{name}>" for name in names), "</answer>")
 
 
@@ -115,8 +122,9 @@ class _Episode:
 
 def _start(policy: Policy, env: gym.Env, seed: int | None, options: dict | None) -> _Episode:
     _, info = env.reset(seed=seed, options=options)
-    hermes = getattr(env.unwrapped, "call_format", "tags") == "hermes"
-    tools = info.get("tools") if hermes else None
+    # Model-native formats show the tools through the template (`tools=`); tags describe
+    # them in the instructions.
+    tools = info.get("tools") if call_format_of(env) != "tags" else None
     prompt = policy.chat.encode_prompt(info["messages"], tools)
     trajectory = Trajectory(
         task_id=info["task_id"],
@@ -136,7 +144,10 @@ def _step(policy: Policy, episode: _Episode, generation: Generation) -> list[int
     traj.token_ids.extend(generation.token_ids)
     traj.generated_mask.extend([1] * len(generation.token_ids))
     traj.logprobs.extend(generation.logprobs)
-    _, reward, terminated, truncated, info = episode.env.step(generation.text)
+    # The env sees the whole assistant turn: what the template pre-filled (e.g. "<think>\n")
+    # and what the model wrote.
+    action = policy.chat.prefill + generation.text
+    _, reward, terminated, truncated, info = episode.env.step(action)
     episode.tool_seconds += float(info.get("tool_seconds", 0.0))
     episode.grade_seconds += float(info.get("grade_seconds", 0.0))
     traj.turns = info["turn"]
@@ -152,21 +163,15 @@ def _step(policy: Policy, episode: _Episode, generation: Generation) -> list[int
             reason = "invalid"
         traj.end_reason = reason
         return None
-    # The messages the env added after the assistant turn (tool output or feedback).
-    new_messages = _messages_after_last_assistant(info["messages"])
-    tail = policy.chat.tokenizer.decode(generation.token_ids[-4:], skip_special_tokens=False)
-    continuation = policy.chat.encode_continuation(new_messages, episode.tools, tail)
+    # What follows the sampled turn: its closing, the env's answer (tool output or
+    # feedback), the next assistant header; the turn itself is never re-rendered.
+    continuation = policy.chat.encode_continuation(
+        info["messages"], generation.token_ids, episode.tools
+    )
     traj.token_ids.extend(continuation)
     traj.generated_mask.extend([0] * len(continuation))
     traj.logprobs.extend([0.0] * len(continuation))
     return continuation
-
-
-def _messages_after_last_assistant(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    for i in range(len(messages) - 1, -1, -1):
-        if messages[i]["role"] == "assistant":
-            return messages[i + 1 :]
-    return []
 
 
 def _end_for_context(episode: _Episode) -> None:

@@ -268,7 +268,6 @@ def encode_transcript(chat: Any, messages: Sequence[dict[str, Any]]) -> tuple[li
     first = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
     ids = chat.encode_prompt(messages[:first])
     mask = [0] * len(ids)
-    end_of_turn = chat.tokenizer.eos_token
     i = first
     while i < len(messages):
         turn = [*chat.encode_text(messages[i]["content"]), chat.tokenizer.eos_token_id]
@@ -278,7 +277,7 @@ def encode_transcript(chat: Any, messages: Sequence[dict[str, Any]]) -> tuple[li
         while j < len(messages) and messages[j]["role"] != "assistant":
             j += 1
         if j > i + 1:
-            following = chat.encode_continuation(messages[i + 1 : j], None, end_of_turn)
+            following = chat.encode_continuation(messages[:j], turn)
             ids += following
             mask += [0] * len(following)
         i = j

@@ -102,12 +102,17 @@ class VLLMPolicy(ChatGeneration):
         trainable_model: Any = None,
         prefix_caching: bool = True,
         source: str = "",
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> None:
         from copes.agents.vllm_worker import shards_from_json
 
         self.llm = llm
         self.tokenizer = tokenizer
-        self.chat = ChatFormat(tokenizer)
+        self.chat = ChatFormat(
+            tokenizer,
+            end_of_turn_ids=self._engine_eos_ids(llm),
+            template_kwargs=chat_template_kwargs,
+        )
         self.layout = list(layout)
         self.prefix_caching = prefix_caching
         self.source = source
@@ -115,8 +120,18 @@ class VLLMPolicy(ChatGeneration):
         self.rank_shards = [shards_from_json(r["shards"]) for r in reports]
         self.engine_dtype: torch.dtype = getattr(torch, reports[0]["dtype"])
         self._trainable = trainable_model
+        self._skeleton: Any = None  # a meta-device transformers model: names, conversions
+        self.check_weight_map()
         self._synced_version: tuple[int, ...] | None = self._version()
         self._weights: VLLMWeights | None = None
+
+    @staticmethod
+    def _engine_eos_ids(llm: Any) -> set[int]:
+        """The ids that end a turn in this engine: the model's generation-config eos ids
+        (vLLM stops on them too) and the tokenizer's eos."""
+        config = llm.llm_engine.model_config.try_get_generation_config() or {}
+        ids = config.get("eos_token_id", [])
+        return set([ids] if isinstance(ids, int) else ids or [])
 
     @classmethod
     def from_pretrained(
@@ -134,6 +149,7 @@ class VLLMPolicy(ChatGeneration):
         trainable_dtype: str = "float32",
         device: str = "auto",
         trust_remote_code: bool = False,
+        chat_template_kwargs: dict[str, Any] | None = None,
         **llm_kwargs: Any,
     ) -> VLLMPolicy:
         """Start an engine on a hub id, a local HF folder or `tiny`.
@@ -181,7 +197,7 @@ class VLLMPolicy(ChatGeneration):
             ).model
         return cls(
             llm, tokenizer, hf_layout(path, trust_remote_code), trainable_model=model,
-            prefix_caching=prefix_caching, source=path,
+            prefix_caching=prefix_caching, source=path, chat_template_kwargs=chat_template_kwargs,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ Policy API
@@ -307,7 +323,9 @@ class VLLMPolicy(ChatGeneration):
         size = sum(t.numel() * t.element_size() for t in cast.values())
         with tempfile.TemporaryDirectory(dir=scratch_dir(size)) as folder:
             path = str(Path(folder) / "weights.safetensors")
-            save_file(cast, path)
+            # vLLM's loaders read checkpoint names: transformers' own save-time conversion
+            # (e.g. fused MoE experts back to one tensor per expert).
+            save_file(self._checkpoint_named(cast), path)
             digests = self.llm.collective_rpc("copes_load_weights", args=(path,))
         expected = [
             expected_digest(cast, self.layout, s, self.engine_dtype) for s in self.rank_shards
@@ -318,6 +336,52 @@ class VLLMPolicy(ChatGeneration):
                 "on some worker): the HF-name mapping of this model is wrong"
             )
         self.reset_cache()
+
+    def _checkpoint_named(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers.core_model_loading import revert_weight_conversion
+
+        if self._skeleton is None:
+            config = AutoConfig.from_pretrained(self.source)
+            with torch.device("meta"):
+                self._skeleton = AutoModelForCausalLM.from_config(config)
+        named = revert_weight_conversion(self._skeleton, dict(state))
+        return {n: t.contiguous() for n, t in named.items()}
+
+    def check_weight_map(self, state: dict[str, torch.Tensor] | None = None) -> None:
+        """Refuse to run on a wrong HF->vLLM map: every HF-named view in every worker must
+        hold exactly the HF model's tensor (a sha256 per tensor). `state` defaults to the
+        trainable copy, else the model folder loaded by transformers on the CPU (once, at
+        start: a few seconds per GB)."""
+        from copes.agents.vllm_map import shard_of, tensor_digest
+
+        if state is None:
+            state = self._reference_state()
+        reports = self.llm.collective_rpc("copes_view_digests")
+        wrong = []
+        for name, _ in self.layout:
+            full = state[name].detach().to("cpu", self.engine_dtype)
+            for shards, digests in zip(self.rank_shards, reports, strict=True):
+                if digests[name] != tensor_digest(shard_of(full, shards.get(name))):
+                    wrong.append(name)
+                    break
+        if wrong:
+            raise RuntimeError(
+                f"the map from Hugging Face names to vLLM's tensors is wrong for {len(wrong)} "
+                f"tensor(s) of {type(self).__name__}'s model, e.g. {', '.join(wrong[:4])}: the "
+                "engine holds other values there than the model folder, so ES would perturb "
+                "the wrong weights. Refusing to start; please report the model architecture."
+            )
+
+    def _reference_state(self) -> dict[str, torch.Tensor]:
+        if self._trainable is not None:
+            return hf_state_dict(self._trainable)
+        if not self.source:
+            raise ValueError("VLLMPolicy needs source= (the model folder) to check its weights")
+        from transformers import AutoModelForCausalLM
+
+        reference = AutoModelForCausalLM.from_pretrained(self.source, dtype=self.engine_dtype)
+        return {n: p.detach() for n, p in reference.named_parameters()}
 
     def engine_digest(self) -> list[str]:
         """sha256 of each worker's weights by HF name (what the engine computes with)."""

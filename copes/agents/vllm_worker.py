@@ -1,12 +1,10 @@
 """What runs inside the vLLM workers: HF-named views of the engine's weights, and ES on them.
 
-vLLM fuses Hugging Face tensors (q/k/v into `qkv_proj`, gate/up into `gate_up_proj`), pads
-the vocabulary and shards everything by tensor parallelism. The perturbation of ES/CoPES is
-defined on Hugging Face names and shapes (`copes.optimizers.perturb`), so this module maps
-every HF parameter to a *view* into the engine's tensor that holds it, plus the `Shard` of the
-full HF tensor that view is. The views alias the engine's storage: the `WeightSpace` built on
-them perturbs, restores and updates the weights the engine computes with, in place, with the
-same noise as the transformers backend at any TP degree.
+Every HF parameter is mapped to a *view* into the engine's tensor that holds it, plus the
+`Shard` of the full HF tensor that view is (`copes.agents.vllm_map`). The views alias the
+engine's storage: the `WeightSpace` built on them perturbs, restores and updates the weights
+the engine computes with, in place, with the same noise as the transformers backend at any TP
+degree.
 
 `CopesWorkerExtension` is mixed into every worker (`LLM(worker_extension_cls=...)`) and is
 driven by `copes.agents.vllm.VLLMWeights` through `collective_rpc`; only seeds, scalars and
@@ -21,30 +19,22 @@ as a plain tensor computed with `torch.nn.functional.linear` (docs/gpu.md: why a
 from __future__ import annotations
 
 import copy
-import hashlib
 import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from vllm.model_executor.layers.linear import (
-    ColumnParallelLinear,
-    LinearBase,
-    MergedColumnParallelLinear,
-    QKVParallelLinear,
-    RowParallelLinear,
-)
-from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+from vllm.model_executor.layers.linear import LinearBase
 from vllm.model_executor.model_loader import register_model_loader
 from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
 
+from copes.agents.vllm_map import Layout, digest, hf_views, shard_of, tensor_digest
 from copes.optimizers.perturb import Perturbation, Shard, Subspace, WeightSpace
 
 logger = logging.getLogger(__name__)
 
 UNPACKED_LOAD_FORMAT = "copes_unpacked"
-Layout = Sequence[tuple[str, Sequence[int]]]  # HF parameter names and full shapes, HF order
 
 
 # ---------------------------------------------------------------------- CPU: no repacking
@@ -76,115 +66,6 @@ class UnpackedCPUModelLoader(DefaultModelLoader):
             if hasattr(module, "cpu_linear"):
                 module.cpu_linear = torch.nn.functional.linear
         return model
-
-
-# ---------------------------------------------------------------------- HF names -> views
-def _vllm_name(model: torch.nn.Module, hf_name: str) -> tuple[str, Any]:
-    """(vLLM parameter name, shard id within a fused parameter or None) of an HF name."""
-    mapper = getattr(model, "hf_to_vllm_mapper", None)
-    if mapper is not None and hasattr(mapper, "_map_name_with_shard"):
-        mapped = mapper._map_name_with_shard(hf_name)
-        if mapped is None:
-            raise KeyError(f"vLLM's {type(model).__name__} drops HF weight {hf_name!r}")
-        if mapped[1] is not None:
-            return mapped
-        hf_name = mapped[0]
-    for fused, parts in getattr(model, "packed_modules_mapping", {}).items():
-        for index, part in enumerate(parts):
-            if f".{part}." in hf_name:
-                shard_id = "qkv"[index] if fused == "qkv_proj" else index
-                return hf_name.replace(f".{part}.", f".{fused}.", 1), shard_id
-    return hf_name, None
-
-
-def _rows(module: Any, shard_id: Any) -> tuple[int, int, int]:
-    """(local row offset, row count, global row start) of one part of a fused column layer."""
-    rank = module.tp_rank
-    if isinstance(module, QKVParallelLinear):
-        q = module.num_heads * module.head_size
-        k = module.num_kv_heads * module.head_size
-        v = module.num_kv_heads * module.v_head_size
-        kv_rank = rank // module.num_kv_head_replicas
-        return {
-            "q": (0, q, rank * q),
-            "k": (q, k, kv_rank * k),
-            "v": (q + k, v, kv_rank * v),
-        }[shard_id]
-    if isinstance(module, MergedColumnParallelLinear):
-        sizes = [size // module.tp_size for size in module.output_sizes]
-        return sum(sizes[:shard_id]), sizes[shard_id], rank * sizes[shard_id]
-    raise TypeError(f"{type(module).__name__} has no fused part {shard_id!r}")
-
-
-def _locate(
-    module: Any, param: torch.Tensor, shard_id: Any, full_shape: tuple[int, ...]
-) -> tuple[torch.Tensor, Shard | None]:
-    """The view of `param` that holds (part of) an HF tensor, and which part it is."""
-    data, rows = param.data, full_shape[0]
-    if shard_id is not None:
-        offset, count, start = _rows(module, shard_id)
-        view, shard = data[offset : offset + count], Shard(full_shape, 0, start, start + count)
-    elif isinstance(module, VocabParallelEmbedding):
-        indices = module.shard_indices
-        start, stop = indices.org_vocab_start_index, indices.org_vocab_end_index
-        view, shard = data[: stop - start], Shard(full_shape, 0, start, stop)
-    elif isinstance(module, RowParallelLinear) and data.dim() == 2:
-        start = module.tp_rank * data.shape[1]
-        view, shard = data, Shard(full_shape, 1, start, start + data.shape[1])
-    elif isinstance(module, ColumnParallelLinear):
-        start = module.tp_rank * data.shape[0]
-        view, shard = data, Shard(full_shape, 0, start, start + data.shape[0])
-    else:
-        view, shard = data, None
-    if shard is not None and shard.stop - shard.start == rows and shard.dim == 0:
-        shard = None  # this rank holds the whole tensor
-    expected = full_shape if shard is None else shard.local_shape
-    if tuple(view.shape) != tuple(expected):
-        raise ValueError(
-            f"engine tensor for an HF weight of shape {full_shape} is {tuple(view.shape)} "
-            f"(expected {tuple(expected)}); this layer layout is not supported"
-        )
-    return view, shard
-
-
-def hf_views(
-    model: torch.nn.Module, layout: Layout
-) -> tuple[list[tuple[str, torch.Tensor]], dict[str, Shard]]:
-    """HF-named views into `model`'s (a vLLM model's) tensors, in `layout` order, and the
-    shards of the full HF tensors that they are."""
-    params = dict(model.named_parameters(remove_duplicate=False))
-    modules = dict(model.named_modules())
-    views, shards = [], {}
-    for hf_name, shape in layout:
-        name, shard_id = _vllm_name(model, hf_name)
-        if name not in params:
-            raise KeyError(
-                f"HF weight {hf_name!r} maps to {name!r}, which {type(model).__name__} does not "
-                "have; copes' vLLM backend supports models whose fused layers vLLM describes "
-                "with hf_to_vllm_mapper or packed_modules_mapping (Qwen, Llama, Mistral, ...)"
-            )
-        module = modules[name.rsplit(".", 1)[0]]
-        view, shard = _locate(module, params[name], shard_id, tuple(shape))
-        views.append((hf_name, view))
-        if shard is not None:
-            shards[hf_name] = shard
-    return views, shards
-
-
-def digest(named: Sequence[tuple[str, torch.Tensor]]) -> str:
-    """sha256 over names and raw bytes: equal iff the tensors are bit-identical."""
-    hasher = hashlib.sha256()
-    for name, tensor in named:
-        hasher.update(name.encode())
-        hasher.update(tensor.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
-    return hasher.hexdigest()
-
-
-def shard_of(tensor: torch.Tensor, shard: Shard | None) -> torch.Tensor:
-    """The part of a full HF tensor that `shard` names (the whole tensor for None)."""
-    if shard is None:
-        return tensor
-    return tensor.narrow(shard.dim, shard.start, shard.stop - shard.start)
 
 
 # ---------------------------------------------------------------------- wire format
@@ -251,6 +132,11 @@ class CopesWorkerExtension:
 
     def copes_sync_from_working(self) -> None:
         self._space().sync_from_working()
+
+    def copes_view_digests(self) -> dict[str, str]:
+        """sha256 of every HF-named view (this worker's shard of it), by HF name: what
+        `VLLMPolicy.check_weight_map` compares with the HF model's own tensors."""
+        return {name: tensor_digest(view) for name, view in self._copes_views}
 
     def copes_working_digest(self) -> str:
         """Digest of the weights the engine computes with, by HF name (this shard)."""

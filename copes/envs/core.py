@@ -17,7 +17,13 @@ from typing import Any, ClassVar
 import gymnasium as gym
 import numpy as np
 
-from copes.envs.parsing import CallFormat, ParsedTurn, TurnParser
+from copes.envs.parsing import (
+    REASONING_MARKERS,
+    CallFormat,
+    ParsedTurn,
+    TurnParser,
+    split_reasoning,
+)
 from copes.envs.rewards.graders import Grade, Grader
 from copes.envs.tasks.base import Task
 from copes.envs.tools.base import Tool, close_tool, reset_tool, tool_schema
@@ -85,7 +91,9 @@ class ToolEnv(gym.Env[str, str]):
         tools: the tools the agent may call, by their `name`.
         grader: turns a final answer into a reward (`copes.envs.rewards.graders`).
         max_turns: agent turns before the episode is truncated (reward 0).
-        call_format: "tags" (``<python>..</python>``) or "hermes" (``<tool_call>{json}``).
+        call_format: "tags" (``<python>..</python>``), or a model-native format: "hermes"
+            (``<tool_call>{json}``), "qwen-xml" (Qwen3.5) or "llama-json" (Llama 3.1+);
+            `copes.agents.chat.ChatFormat.native_call_format` names a model's own.
         invalid_penalty: reward given for a turn with no valid action (default 0: no shaping).
         accept_boxed: a bare ``\\boxed{x}`` counts as the final answer (math).
         max_tool_output_chars: longer tool outputs are cut, with a marker.
@@ -177,8 +185,18 @@ class ToolEnv(gym.Env[str, str]):
         if not isinstance(action, str):
             raise TypeError(f"an action is the agent's turn as a str, got {type(action).__name__}")
         self._turn += 1
-        self._messages.append({"role": "assistant", "content": action})
-        parsed = self.parser.parse(action)
+        reasoning, content, cut_off = split_reasoning(action)
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if reasoning is not None:  # kept apart, as chat templates take it
+            message["reasoning_content"] = reasoning
+        self._messages.append(message)
+        if cut_off:
+            parsed = self.parser.invalid(
+                f"the turn ended inside its reasoning ({REASONING_MARKERS[0]} with no "
+                f"{REASONING_MARKERS[1]}); close the reasoning, then act"
+            )
+        else:  # tool calls and answers count only after the reasoning
+            parsed = self.parser.parse(content)
         extra: dict[str, Any] = {"action": parsed.kind}
 
         if parsed.kind == "answer":

@@ -5,9 +5,21 @@ neither. Two call formats are understood:
 
 - ``tags`` (default, learnable by any base model): ``<python>code</python>``,
   ``<search>query</search>``; final ``<answer>...</answer>``.
-- ``hermes`` (what Qwen/Hermes chat templates with ``tools=`` teach):
-  ``<tool_call>{"name": "python", "arguments": {"code": "..."}}</tool_call>``; the final
-  answer is still ``<answer>...</answer>``.
+- ``hermes`` (what Qwen2.5/Qwen3/Hermes chat templates with ``tools=`` teach):
+  ``<tool_call>{"name": "python", "arguments": {"code": "..."}}</tool_call>``;
+- ``qwen-xml`` (Qwen3.5, Qwen3-Coder): ``<tool_call><function=python><parameter=code>
+  ...</parameter></function></tool_call>``; a parameter's text is kept as a string when the
+  tool's schema says string, else read as JSON (falling back to the text), as vLLM's and
+  `renderers`' Qwen3.5 parsers do;
+- ``llama-json`` (Llama 3.1+ templates with ``tools=``): the turn is one JSON object
+  ``{"name": "python", "parameters": {"code": "..."}}``.
+
+In every format the final answer is ``<answer>...</answer>``. The hermes, qwen-xml and
+llama-json grammars follow the parsers of the `renderers` package (parse_qwen3,
+parse_qwen35, parse_llama_3); tests/envs/test_parsing_families.py checks that they agree.
+These are small grammars over text: `renderers`' parsers need a family renderer and token
+ids, and transformers' `parse_response` a `response_template` that these models' tokenizers
+do not ship, so copes keeps its own.
 
 For math, a ``\\boxed{...}`` with no tag also counts as the final answer. Nothing here
 raises on model output: every malformed turn becomes a `ParsedTurn` of kind ``invalid``
@@ -24,7 +36,10 @@ from typing import Any, Literal
 
 from copes.envs.tools.base import Tool, arguments_from_text, check_arguments
 
-CallFormat = Literal["tags", "hermes"]
+CallFormat = Literal["tags", "hermes", "qwen-xml", "llama-json"]
+CALL_FORMATS: tuple[str, ...] = ("tags", "hermes", "qwen-xml", "llama-json")
+TOOL_CALL_TAG = "tool_call"
+REASONING_MARKERS = ("<think>", "</think>")
 ANSWER_TAG = "answer"
 _BOXED_OPENERS = ("\\boxed{", "\\fbox{")
 
@@ -39,6 +54,32 @@ class ParsedTurn:
     answer: str | None = None
     error: str | None = None
     note: str | None = None  # e.g. "only the first of 2 tool calls ran"
+
+
+def split_reasoning(text: str) -> tuple[str | None, str, bool]:
+    """(reasoning, content, open) of an assistant turn's text (its pre-fill included).
+
+    ``<think>R</think>C`` gives ``("R", "C", False)``; a turn cut off inside its reasoning,
+    ``<think>R``, gives ``("R", "", True)``; a turn without markers gives ``(None, text,
+    False)``. A ``<tool_call>`` also ends an unclosed reasoning block (as the Qwen parsers
+    of vLLM and `renderers` read it). Newlines next to the markers are dropped, as the Qwen
+    templates do.
+    """
+    opener, closer = REASONING_MARKERS
+    close = text.find(closer)
+    if close >= 0:
+        before = text[:close]
+        start = before.find(opener)
+        reasoning = before[start + len(opener) :] if start >= 0 else before
+        return reasoning.strip("\n"), text[close + len(closer) :].lstrip("\n"), False
+    start = text.find(opener)
+    if start >= 0 and not text[:start].strip():
+        rest = text[start + len(opener) :]
+        call = rest.find(f"<{TOOL_CALL_TAG}>")
+        if call >= 0:
+            return rest[:call].strip("\n"), rest[call:], False
+        return rest.strip("\n"), "", True
+    return None, text, False
 
 
 def last_boxed(text: str) -> str | None:
@@ -101,8 +142,8 @@ class TurnParser:
         accept_boxed: bool = False,
         max_call_chars: int = 8000,
     ) -> None:
-        if call_format not in ("tags", "hermes"):
-            raise ValueError(f"call_format must be 'tags' or 'hermes', got {call_format!r}")
+        if call_format not in CALL_FORMATS:
+            raise ValueError(f"call_format must be one of {CALL_FORMATS}, got {call_format!r}")
         if ANSWER_TAG in tools or "tool_call" in tools:
             raise ValueError(
                 f"a tool may not be named '{ANSWER_TAG}' or 'tool_call': those tags are reserved"
@@ -117,32 +158,41 @@ class TurnParser:
         if self.call_format == "tags":
             calls = ", ".join(f"<{name}>...</{name}>" for name in self.tools)
             return f"Call a tool with {calls} or give the final answer as <answer>...</answer>."
-        example = '<tool_call>{"name": "...", "arguments": {...}}</tool_call>'
+        example = {
+            "hermes": '<tool_call>{"name": "...", "arguments": {...}}</tool_call>',
+            "qwen-xml": "<tool_call><function=...><parameter=...>...</parameter></function>"
+            "</tool_call>",
+            "llama-json": '{"name": "...", "parameters": {...}}',
+        }[self.call_format]
         return f"Call a tool with {example} or give the final answer as <answer>...</answer>."
 
-    def _invalid(self, error: str) -> ParsedTurn:
+    def invalid(self, error: str) -> ParsedTurn:
+        """An invalid turn whose message says what was wrong and how to act."""
         return ParsedTurn(kind="invalid", error=f"Invalid action: {error}. {self.usage_hint()}")
 
     def parse(self, text: str) -> ParsedTurn:
         """Find the first complete action in `text` (a tool call or an answer)."""
-        call_tag = "tool_call" if self.call_format == "hermes" else None
-        tags = [call_tag] if call_tag else list(self.tools)
+        if self.call_format == "llama-json":
+            json_call = self._llama_call(text)
+            if json_call is not None:
+                return json_call
+        tags = {"tags": list(self.tools), "llama-json": []}.get(self.call_format, [TOOL_CALL_TAG])
         spans = _find_spans(text, [*tags, ANSWER_TAG])
         if not spans:
             return self._no_tags(text)
         first = spans[0]
         if first.end < 0:
-            return self._invalid(f"the <{first.tag}> tag is never closed with </{first.tag}>")
+            return self.invalid(f"the <{first.tag}> tag is never closed with </{first.tag}>")
         nested = _find_spans(first.content, [*tags, ANSWER_TAG])
         if nested:
-            return self._invalid(f"<{nested[0].tag}> is nested inside <{first.tag}>")
+            return self.invalid(f"<{nested[0].tag}> is nested inside <{first.tag}>")
         if len(first.content) > self.max_call_chars:
-            return self._invalid(
+            return self.invalid(
                 f"the <{first.tag}> content is {len(first.content)} characters, over the limit "
                 f"of {self.max_call_chars}"
             )
         if not first.content.strip():
-            return self._invalid(f"the <{first.tag}> tag is empty")
+            return self.invalid(f"the <{first.tag}> tag is empty")
         if first.tag == ANSWER_TAG:
             answer = first.content.strip()
             boxed = last_boxed(answer) if self.accept_boxed else None
@@ -153,7 +203,9 @@ class TurnParser:
             if more
             else None
         )
-        if first.tag == "tool_call":
+        if first.tag == TOOL_CALL_TAG and self.call_format == "qwen-xml":
+            parsed = self._xml_call(first.content)
+        elif first.tag == TOOL_CALL_TAG:
             parsed = self._hermes_call(first.content)
         else:
             parsed = self._tag_call(first.tag, first.content)
@@ -169,40 +221,89 @@ class TurnParser:
             if boxed is not None and boxed.strip():
                 return ParsedTurn(kind="answer", answer=boxed.strip())
         if not text.strip():
-            return self._invalid("the turn is empty")
-        return self._invalid("no tool call and no final answer found")
+            return self.invalid("the turn is empty")
+        return self.invalid("no tool call and no final answer found")
 
     def _tag_call(self, name: str, content: str) -> ParsedTurn:
         tool = self.tools[name]
         arguments = arguments_from_text(tool, content)
         if isinstance(arguments, str):
-            return self._invalid(arguments)
+            return self.invalid(arguments)
         return self._checked(tool, arguments)
 
     def _hermes_call(self, content: str) -> ParsedTurn:
+        return self._json_call(content, "the <tool_call> content")
+
+    def _json_call(self, body: str, what: str) -> ParsedTurn:
+        """``{"name": ..., "arguments": {...}}`` (or ``"parameters"``, Llama's key)."""
         try:
-            call = json.loads(content)
+            call = json.loads(body)
         except json.JSONDecodeError as exc:
-            return self._invalid(f"the <tool_call> content is not valid JSON ({exc.msg})")
+            return self.invalid(f"{what} is not valid JSON ({exc.msg})")
         if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-            return self._invalid('a tool call must be a JSON object with a string "name"')
-        name = call["name"]
-        tool = self.tools.get(name)
-        if tool is None:
-            known = ", ".join(self.tools) or "none"
-            return self._invalid(f"unknown tool '{name}' (available: {known})")
-        arguments = call.get("arguments", call.get("parameters", {}))
+            return self.invalid('a tool call must be a JSON object with a string "name"')
+        key = "arguments" if "arguments" in call else "parameters"
+        arguments = call.get(key, {})
         if isinstance(arguments, str):  # some models emit the arguments JSON as a string
             try:
                 arguments = json.loads(arguments)
             except json.JSONDecodeError:
-                return self._invalid(f'"arguments" of {name} must be a JSON object')
+                return self.invalid(f'"{key}" of {call["name"]} must be a JSON object')
+        return self._named_call(call["name"], arguments, key)
+
+    def _named_call(self, name: str, arguments: Any, key: str) -> ParsedTurn:
+        tool = self.tools.get(name)
+        if tool is None:
+            known = ", ".join(self.tools) or "none"
+            return self.invalid(f"unknown tool '{name}' (available: {known})")
         if not isinstance(arguments, dict):
-            return self._invalid(f'"arguments" of {name} must be a JSON object')
+            return self.invalid(f'"{key}" of {name} must be a JSON object')
         return self._checked(tool, arguments)
+
+    def _xml_call(self, content: str) -> ParsedTurn:
+        """``<function=NAME><parameter=ARG>VALUE</parameter>...</function>``."""
+        body = content.strip()
+        if not body.startswith("<function=") or ">" not in body:
+            return self.invalid("a <tool_call> must hold <function=NAME>...</function>")
+        name = body[len("<function=") : body.index(">")].strip()
+        end = body.rfind("</function>")
+        if end < 0:
+            return self.invalid(f"<function={name}> is never closed with </function>")
+        inner = body[body.index(">") + 1 : end]
+        tool = self.tools.get(name)
+        props = tool.parameters.get("properties", {}) if tool is not None else {}
+        arguments: dict[str, Any] = {}
+        pos = 0
+        while (start := inner.find("<parameter=", pos)) >= 0:
+            head_end = inner.find(">", start)
+            close = inner.find("</parameter>", head_end)
+            if head_end < 0 or close < 0:
+                return self.invalid("a <parameter=...> is never closed with </parameter>")
+            key = inner[start + len("<parameter=") : head_end].strip()
+            arguments[key] = _typed_value(inner[head_end + 1 : close].strip(), props.get(key))
+            pos = close + len("</parameter>")
+        return self._named_call(name, arguments, "parameters")
+
+    def _llama_call(self, text: str) -> ParsedTurn | None:
+        """A turn that is one JSON object (None when it is not shaped so: no call)."""
+        body = text.strip()
+        if not (body.startswith("{") and body.endswith("}")):
+            return None
+        return self._json_call(body, "the tool call")
 
     def _checked(self, tool: Tool, arguments: dict[str, Any]) -> ParsedTurn:
         problem = check_arguments(tool, arguments)
         if problem:
-            return self._invalid(problem)
+            return self.invalid(problem)
         return ParsedTurn(kind="tool_call", tool_name=tool.name, arguments=arguments)
+
+
+def _typed_value(text: str, schema: Mapping[str, Any] | None) -> Any:
+    """A qwen-xml parameter's value: the text when the schema says string, else JSON
+    (falling back to the text), the rule of vLLM's and `renderers`' Qwen3.5 parsers."""
+    if schema is not None and schema.get("type") in ("string", ["string"]):
+        return text
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, ValueError):
+        return text

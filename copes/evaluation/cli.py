@@ -73,6 +73,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--top-p", type=float, default=0.95)
     parser.add_argument("--max-new-tokens", type=int, default=512, help="per turn")
     parser.add_argument("--max-turns", type=int, default=4, help="agent turns per episode")
+    parser.add_argument(
+        "--call-format",
+        default="tags",
+        choices=("tags", "native", "hermes", "qwen-xml", "llama-json"),
+        help="tool calls: tags, or native (what the model's chat template teaches)",
+    )
+    parser.add_argument(
+        "--enable-thinking",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="reasoning models: the chat template's enable_thinking (unset: its default)",
+    )
+    parser.add_argument(
+        "--chat-template-kwargs",
+        help="JSON object of extra chat-template variables, e.g. "
+        '\'{"date_string": "26 Jul 2024"}\'',
+    )
     parser.add_argument("--seed", type=int, default=0, help="seeds every sampling batch")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, auto")
     parser.add_argument(
@@ -100,7 +117,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def load_policy(
-    model: str, backend: str, device: str, dtype: str, tensor_parallel_size: int = 1
+    model: str,
+    backend: str,
+    device: str,
+    dtype: str,
+    tensor_parallel_size: int = 1,
+    chat_template_kwargs: dict[str, Any] | None = None,
 ) -> Any:
     """The policy for `model` on `backend`; vLLM is optional and says how to get it."""
     if backend == "vllm":
@@ -108,23 +130,30 @@ def load_policy(
             from copes.agents.vllm import VLLMPolicy
 
             return VLLMPolicy.from_pretrained(
-                model, dtype=dtype, tensor_parallel_size=tensor_parallel_size
-            )
+                model, dtype=dtype, tensor_parallel_size=tensor_parallel_size,
+                chat_template_kwargs=chat_template_kwargs,
+            )  # fmt: skip
         except ImportError as exc:
             raise BackendUnavailable(f"{VLLM_HINT} ({type(exc).__name__}: {exc})") from exc
     from copes.agents.hf import HFPolicy, resolve_device
 
     if dtype == "auto":
         dtype = "bfloat16" if resolve_device(device).type == "cuda" else "float32"
-    return HFPolicy.from_pretrained(model, device=device, dtype=dtype)
+    return HFPolicy.from_pretrained(
+        model, device=device, dtype=dtype, chat_template_kwargs=chat_template_kwargs
+    )
 
 
 def _evaluate_one(model: str, out: Path, args: argparse.Namespace, sampling: Any) -> Any:
     import torch
 
+    from copes.agents.chat import template_kwargs_for
     from copes.evaluation.runner import evaluate
 
-    policy = load_policy(model, args.backend, args.device, args.dtype, args.tensor_parallel_size)
+    policy = load_policy(
+        model, args.backend, args.device, args.dtype, args.tensor_parallel_size,
+        template_kwargs_for(args.enable_thinking, args.chat_template_kwargs),
+    )  # fmt: skip
     try:
         report = evaluate(
             policy,
@@ -141,6 +170,7 @@ def _evaluate_one(model: str, out: Path, args: argparse.Namespace, sampling: Any
             max_turns=args.max_turns,
             save_messages=args.save_messages,
             model_name=model,
+            call_format=args.call_format,
         )
     finally:
         close = getattr(policy, "close", None)
@@ -153,6 +183,7 @@ def _evaluate_one(model: str, out: Path, args: argparse.Namespace, sampling: Any
 
 
 def run(args: argparse.Namespace) -> int:
+    from copes.agents.chat import template_kwargs_for
     from copes.agents.policy import SamplingConfig
     from copes.evaluation.benchmarks import resolve_benchmarks
     from copes.evaluation.report import format_table, write_report
@@ -169,6 +200,7 @@ def run(args: argparse.Namespace) -> int:
         # Everything that can be wrong with the arguments fails before a model is loaded.
         check_ks(args.pass_k, args.n)
         resolve_benchmarks(args.benchmarks)
+        template_kwargs_for(args.enable_thinking, args.chat_template_kwargs)
         sampling = SamplingConfig(
             max_new_tokens=args.max_new_tokens,
             temperature=args.temperature,

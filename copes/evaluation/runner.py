@@ -40,7 +40,9 @@ SAMPLES_FILE = "samples.jsonl"
 CONFIG_FILE = "eval_config.json"
 # Settings that change what a sample is; resuming with different values would mix two
 # evaluations in one file.
-_SAMPLE_SETTINGS = ("model", "sampling", "max_turns", "batch_episodes")
+_SAMPLE_SETTINGS = (
+    "model", "sampling", "max_turns", "batch_episodes", "call_format", "chat_template_kwargs",
+)  # fmt: skip
 
 
 def check_ks(ks: Iterable[int], n: int) -> list[int]:
@@ -188,6 +190,7 @@ def evaluate(
     max_turns: int = 4,
     save_messages: bool = False,
     model_name: str | None = None,
+    call_format: str = "tags",
 ) -> Report:
     """Sample `n` tool-using episodes per problem of each benchmark and report pass@k etc.
 
@@ -205,11 +208,18 @@ def evaluate(
         max_turns: agent turns per episode (tool calls + answer).
         save_messages: also store each episode's full conversation.
         model_name: recorded in the report and checked on resume.
+        call_format: how the agent calls tools: tags, native (the model's own, from its chat
+            template) or hermes / qwen-xml / llama-json.
     """
+
     ks = check_ks(ks, n)
     if batch_episodes < 1:
         raise ValueError(f"batch_episodes must be >= 1, got {batch_episodes}")
     resolved = resolve_benchmarks(benchmarks)
+    from copes.agents.chat import resolve_call_format
+
+    chat = getattr(policy, "chat", None)  # only "native" needs the model's chat template
+    call_format = resolve_call_format(call_format, chat)
     if sampling.greedy and n > 1:
         logger.warning("temperature 0 (greedy): the %d samples of a problem will be identical", n)
     out = Path(out_dir)
@@ -225,6 +235,8 @@ def evaluate(
         "sampling": dataclasses.asdict(sampling),
         "max_turns": max_turns,
         "batch_episodes": batch_episodes,
+        "call_format": call_format,
+        "chat_template_kwargs": dict(getattr(chat, "template_kwargs", {})),
     }
     config["sampling"]["stop"] = list(sampling.stop)
     if resume:
@@ -274,7 +286,10 @@ def evaluate(
                 continue
             bar.set_postfix_str(benchmark.name)
             size = max(len(batch) for _, batch in todo)
-            envs = [benchmark.make_env(tasks, max_turns=max_turns) for _ in range(size)]
+            envs = [
+                benchmark.make_env(tasks, max_turns=max_turns, call_format=call_format)
+                for _ in range(size)
+            ]
             try:
                 for index, batch in todo:
                     seed = derive_seed("eval", base_seed, benchmark.name, index)

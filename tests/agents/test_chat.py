@@ -21,15 +21,13 @@ def tokenizer(tiny_agent_dir):
 
 def incremental(chat, messages, model_wrote_end_of_turn):
     ids = chat.encode_prompt(messages[:1])
-    eos = chat.tokenizer.eos_token
     for i in (1, 3):
         turn = chat.encode_text(messages[i]["content"])
         if model_wrote_end_of_turn:
             turn += [chat.tokenizer.eos_token_id]
         ids += turn
         if i == 1:
-            end = eos if model_wrote_end_of_turn else messages[i]["content"][-8:]
-            ids += chat.encode_continuation(messages[2:3], None, end)
+            ids += chat.encode_continuation(messages[:3], turn)
     return ids
 
 
@@ -52,20 +50,43 @@ def test_tools_go_through_the_template(tokenizer):
     assert '"name": "python"' not in chat.render(CONVERSATION[:1])
 
 
-def test_template_that_rewrites_history_is_refused(tokenizer):
+def test_template_that_rewrites_history_still_extends_the_sampled_stream(tokenizer):
+    """A template that drops past reasoning (as Qwen3 and Qwen3.5 do) does
+    not matter: the sampled turn is never re-rendered, only what follows it is read off."""
     import copy
 
     rewriting = copy.deepcopy(tokenizer)
-    # Drops the content of assistant turns that are not the last message, like templates
-    # that strip past reasoning: an incremental token sequence would not match it.
     rewriting.chat_template = (
         "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
-        "{% if m['role'] == 'assistant' and not loop.last %}...{% else %}{{ m['content'] }}"
+        "{% if m['role'] == 'assistant' and not loop.last %}"
+        "{{ m['content'].split('</think>')[-1] }}"
+        "{% else %}{{ m['content'] }}{% endif %}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    chat = ChatFormat(rewriting)
+    assert "<think>" not in chat.render(
+        [*CONVERSATION[:1], {"role": "assistant", "content": "<think>a</think>b"}, CONVERSATION[2]]
+    )
+    turn = chat.encode_text(CONVERSATION[1]["content"])
+    following = chat.encode_continuation(CONVERSATION[:3], turn)
+    assert rewriting.decode(following) == (
+        "<|im_end|>\n<|im_start|>tool\n408\n<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+def test_template_whose_closing_depends_on_the_turn_is_refused(tokenizer):
+    import copy
+
+    dependent = copy.deepcopy(tokenizer)
+    # Closes a turn differently when it carried reasoning: the bridge would be wrong.
+    dependent.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+        "{% if m['role'] == 'assistant' and '</think>' in m['content'] %}<|endoftext|>"
         "{% endif %}<|im_end|>\n{% endfor %}"
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     )
-    with pytest.raises(ChatTemplateError):
-        ChatFormat(rewriting).encode_continuation(CONVERSATION[2:3])
+    with pytest.raises(ChatTemplateError, match="depends on what the turn said"):
+        ChatFormat(dependent)
 
 
 def test_missing_template_is_explained(tokenizer):
