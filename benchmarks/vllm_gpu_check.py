@@ -19,6 +19,13 @@ an existing model instead of building one (the figures in docs/gpu.md).
     python benchmarks/vllm_gpu_check.py                      # the GPU check (H200)
     python benchmarks/vllm_gpu_check.py --smoke              # a minute on a CPU
     python benchmarks/vllm_gpu_check.py --model tiny --batch 16 --members 4 --max-new-tokens 64
+    python benchmarks/vllm_gpu_check.py --model /models/Qwen3.5-4B   # a real local folder
+
+With a real model the parity part also rolls out 8 greedy ToolMath episodes in the model's
+own tool-call format (`--call-format native`: Qwen3's JSON calls, Qwen3.5's XML calls, with
+their reasoning) on both backends and reports how many token streams are identical. Engine
+start includes `VLLMPolicy.check_weight_map` (every HF-named view against its HF tensor), so
+a wrong weight map stops the script before it measures anything.
 """
 
 from __future__ import annotations
@@ -167,6 +174,8 @@ def parity(policy: Any, model_path: str, prompts: list[list[int]], dtype: str) -
         for a, b, d in zip(ours, theirs, divergence, strict=True)
         for x, y in zip(a.logprobs[:d], b.logprobs[:d], strict=False)
     ]
+    episodes = {name: native_episodes(p) for name, p in (("vllm", policy), ("hf", hf))}
+    streams = [e.pop("token_ids") for e in episodes.values()]
     del hf
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -176,6 +185,45 @@ def parity(policy: Any, model_path: str, prompts: list[list[int]], dtype: str) -
         "greedy_identical_fraction": sum(identical) / len(identical),
         "first_divergence_token": divergence,
         "max_logprob_gap_on_identical_tokens": max(gaps, default=0.0),
+        "native_episodes": episodes,
+        "native_episode_streams_identical_fraction": sum(
+            a == b for a, b in zip(*streams, strict=True)
+        )
+        / len(streams[0]),
+    }
+
+
+def native_episodes(policy: Any, n: int = 8, max_new_tokens: int = 384) -> dict[str, Any]:
+    """Greedy multi-turn ToolMath episodes in the model's own tool-call format (its chat
+    template's, e.g. Qwen3.5's XML calls with reasoning): what a run would train on."""
+    from collections import Counter
+
+    from copes.agents.chat import ChatTemplateError
+    from copes.agents.rollout import rollout
+    from copes.envs.presets import tool_math_env
+    from copes.envs.tasks.synthetic import synthetic_math_tasks
+
+    try:
+        call_format = policy.chat.native_call_format()
+    except ChatTemplateError:  # the random and tiny models' ChatML teaches none: say so
+        call_format = "tags"
+    tasks = synthetic_math_tasks("validation", n, seed=0)
+    envs = [tool_math_env(tasks=[t], call_format=call_format, max_turns=3) for t in tasks]
+    start = time.perf_counter()
+    try:
+        batch = rollout(policy, envs, SamplingConfig(max_new_tokens, temperature=0))
+    finally:
+        for env in envs:
+            env.close()
+    return {
+        "call_format": call_format,
+        "seconds": time.perf_counter() - start,
+        "accuracy": sum(t.correct for t in batch) / n,
+        "tool_calls": sum(t.tool_calls for t in batch),
+        "with_reasoning": sum(any(m.get("reasoning_content") for m in t.messages) for t in batch),
+        "end_reasons": dict(Counter(t.end_reason for t in batch)),
+        "generated_tokens": sum(t.num_generated_tokens for t in batch),
+        "token_ids": [t.token_ids for t in batch],
     }
 
 
@@ -214,7 +262,7 @@ def main() -> None:
             path, dtype=dtype, max_model_len=max_model_len,
             gpu_memory_utilization=args.gpu_memory_utilization,
         )  # fmt: skip
-        started = time.perf_counter() - clock - built
+        started = time.perf_counter() - clock - built  # includes the weight-map check
         prompts = make_prompts(policy, args.batch)
         checks = parity(policy, path, prompts[: min(8, len(prompts))], dtype)  # first: base weights
         raw_vllm(policy, prompts[:2], 4)  # warm-up

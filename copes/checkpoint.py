@@ -44,6 +44,8 @@ def save_checkpoint(
     keep: int = 3,
 ) -> Path:
     """Write checkpoint `step` atomically and keep only the newest `keep` of them."""
+    if keep < 1:  # 0 or -1 would delete the checkpoint just written
+        raise ValueError(f"keep must be >= 1, got {keep}")
     root = run_dir / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:06d}"

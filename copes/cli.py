@@ -176,12 +176,12 @@ def train_main(argv: Sequence[str] | None = None) -> int:
 
     try:
         trainer = Trainer(config, optimizer_overrides)
-    except (FileNotFoundError, ValueError) as exc:
+    except (FileNotFoundError, FileExistsError, ValueError) as exc:
         print(f"copes-train: error: {exc}", file=sys.stderr)
         return 2
     try:
         summary = trainer.run()
-    except (FileExistsError, ImportError) as exc:  # ImportError: --workers without Ray
+    except (FileExistsError, ImportError, ValueError) as exc:  # ImportError: --workers, no Ray
         print(f"copes-train: error: {exc}", file=sys.stderr)
         return 2
     finally:

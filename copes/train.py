@@ -30,6 +30,15 @@ from copes.run_log import MetricsLog, append_jsonl, drop_torn_tail, read_jsonl
 logger = logging.getLogger(__name__)
 
 OPTIMIZERS = ("es", "copes", "grpo", "lora-grpo")
+# Settings --resume may change: the budget and bookkeeping, not what is trained or generated
+# (--workers gives bit-identical weights, docs/scaling.md).
+RESUMABLE_CHANGES = frozenset(
+    {
+        "steps", "max_tokens", "max_seconds", "resume", "progress", "tensorboard", "out_dir",
+        "eval_every", "checkpoint_every", "keep_checkpoints", "workers", "ray_address",
+        "checksum_every", "gpu_memory_utilization",
+    }
+)  # fmt: skip
 ENVS = {"ToolMath-v0": "synthetic-math", "ToolQA-v0": "synthetic-qa"}
 
 
@@ -113,6 +122,8 @@ class TrainConfig:
         template_kwargs_for(self.enable_thinking, self.chat_template_kwargs)  # fails early
         if self.backend not in ("hf", "vllm"):
             raise ValueError(f"unknown backend {self.backend!r}; choose hf or vllm")
+        if self.keep_checkpoints < 1:
+            raise ValueError(f"keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
         if self.batch_size < 1 or self.eval_tasks < 1 or self.eval_samples < 1:
             raise ValueError("batch_size, eval_tasks and eval_samples must be >= 1")
         if self.workers < 0 or self.checksum_every < 0:
@@ -276,6 +287,12 @@ class Trainer:
     def __post_init__(self) -> None:
         c = self.config
         self.run_dir = Path(c.out_dir)
+        if not c.resume:  # refuse before anything is built or loaded
+            self._check_fresh_run_dir()
+        if not c.progress:
+            from transformers.utils import logging as transformers_logging
+
+            transformers_logging.disable_progress_bar()
         torch.manual_seed(c.seed)
         self.policy = build_policy(c)
         self.optimizer = build_optimizer(c, self.optimizer_overrides, self.policy)
@@ -311,13 +328,16 @@ class Trainer:
         from tqdm.auto import tqdm
 
         c = self.config
+        # Accept the run before writing anything into its folder.
+        if c.resume:
+            self._check_resume_settings()
+        else:
+            self._check_fresh_run_dir()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._write_run_config()
         self.log = MetricsLog(self.run_dir, tensorboard=c.tensorboard)
         if c.resume:
             self._resume()
-        else:
-            self._check_fresh_run_dir()
         start_seconds = self.budget.seconds
         clock = time.perf_counter()
         if self.budget.steps == 0:
@@ -502,24 +522,43 @@ class Trainer:
                 "continue it or choose another --out-dir"
             )
 
-    def _write_run_config(self) -> None:
-        path = self.run_dir / "config.json"
+    def _run_config(self) -> dict[str, Any]:
         record = {
             "train": asdict(self.config),
             "optimizer": self.optimizer.state_dict().get("config"),
         }
-        record = json.loads(json.dumps(record, default=str))  # compared as it is stored
-        if self.config.resume and path.exists():
-            saved = json.loads(path.read_text())
-            keys = ("optimizer", "env", "model", "seed", "batch_size", "benchmark")
-            changed = [k for k in keys if saved["train"].get(k) != record["train"].get(k)]
-            if changed or saved.get("optimizer") != record["optimizer"]:
-                raise ValueError(
-                    f"--resume with settings that differ from the run in {self.run_dir}: "
-                    f"{changed or 'optimizer config'}; resume with the original settings"
-                )
+        return json.loads(json.dumps(record, default=str))  # compared as it is stored
+
+    def _check_resume_settings(self) -> None:
+        """--resume must not change what is trained or generated: compare every setting
+        but the budget and the bookkeeping (RESUMABLE_CHANGES) and name each difference."""
+        path = self.run_dir / "config.json"
+        if not path.exists():
             return
-        path.write_text(json.dumps(record, indent=2))
+        saved, record = json.loads(path.read_text()), self._run_config()
+        changed = [
+            f"{k}: {saved['train'].get(k)!r} -> {v!r}"
+            for k, v in record["train"].items()
+            if k not in RESUMABLE_CHANGES and saved["train"].get(k) != v
+        ]
+        old_opt, new_opt = saved.get("optimizer") or {}, record["optimizer"] or {}
+        changed += [
+            f"{k}: {old_opt.get(k)!r} -> {new_opt.get(k)!r}"
+            for k in sorted(set(old_opt) | set(new_opt))
+            if old_opt.get(k) != new_opt.get(k)
+        ]
+        if changed:
+            raise ValueError(
+                f"--resume with settings that differ from the run in {self.run_dir}: "
+                f"{'; '.join(changed)}. Resume with the original settings, or start a new run "
+                "in another --out-dir"
+            )
+
+    def _write_run_config(self) -> None:
+        path = self.run_dir / "config.json"
+        if self.config.resume and path.exists():
+            return  # checked equal (_check_resume_settings); the budget may have grown
+        path.write_text(json.dumps(self._run_config(), indent=2))
 
     def _train_record(self, stats: Any) -> dict[str, Any]:
         return {

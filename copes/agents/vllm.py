@@ -51,6 +51,22 @@ def hf_layout(path: str, trust_remote_code: bool = False) -> list[tuple[str, tup
     return [(n, tuple(p.shape)) for n, p in skeleton.named_parameters() if p.is_floating_point()]
 
 
+def text_only_override(path: str, trust_remote_code: bool = False) -> dict[str, Any] | None:
+    """vLLM `hf_overrides` that load a vision-language checkpoint (Qwen3.5's
+    `Qwen3_5ForConditionalGeneration`) as the causal LM transformers' `AutoModelForCausalLM`
+    builds from it (`Qwen3_5ForCausalLM`): both backends then hold the same text model, under
+    the same names (the vision tower is never perturbed). None when they already agree."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    causal = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type)
+    declared = list(getattr(config, "architectures", None) or [])
+    if causal is None or not declared or causal in declared:
+        return None
+    return {"architectures": [causal]}
+
+
 def hf_state_dict(model: Any) -> dict[str, torch.Tensor]:
     """A transformers model's parameters by HF name (tied once); a peft model's LoRA deltas
     are added to their base weights (the model itself is not modified)."""
@@ -185,6 +201,8 @@ class VLLMPolicy(ChatGeneration):
             kwargs["max_model_len"] = max_model_len
         if on_cpu:
             kwargs["load_format"] = worker.UNPACKED_LOAD_FORMAT
+        if (override := text_only_override(path, trust_remote_code)) is not None:
+            kwargs["hf_overrides"] = override
         kwargs.update(llm_kwargs)
         llm = LLM(path, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -156,8 +157,59 @@ def test_garbage_never_raises() -> None:
 
 
 def test_rejects_nonpositive_timeout() -> None:
-    with pytest.raises(ValueError, match="timeout must be > 0"):
+    with pytest.raises(ValueError, match="finite number of seconds > 0"):
         is_equivalent("x", "y", timeout=0)
+
+
+def _verdicts_are_right() -> None:
+    from copes.envs.rewards._math_worker import GRADER
+
+    assert GRADER.check("y^2+1", "y^2+2", 5.0) is False
+    assert GRADER.check("y^2", "y*y", 5.0) is True
+    assert GRADER.check("z^3", "z*z*z", 5.0) is True
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), -1.0, "5"])
+def test_a_bad_timeout_fails_before_the_worker_and_later_verdicts_stay_right(timeout) -> None:
+    from copes.envs.rewards._math_worker import GRADER
+
+    _verdicts_are_right()
+    with pytest.raises(ValueError, match="finite number of seconds"):
+        GRADER.check("a^2", "a*a", timeout)
+    with pytest.raises(ValueError, match="finite number of seconds"):
+        is_equivalent("b^2", "b*b", timeout=timeout)
+    _verdicts_are_right()
+
+
+def test_an_interrupted_check_never_leaves_its_reply_for_the_next(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A KeyboardInterrupt after the request was written (the reply still in flight) used to
+    make every later verdict the previous request's."""
+    from copes.envs.rewards._math_worker import GRADER
+
+    _verdicts_are_right()
+    original = GRADER._read_reply
+
+    def interrupted(timeout: float):
+        monkeypatch.setattr(GRADER, "_read_reply", original)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(GRADER, "_read_reply", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        GRADER.check("w^2+1", "w^2+1", 5.0)
+    _verdicts_are_right()
+
+
+def test_a_stale_reply_in_the_pipe_is_dropped_by_its_id() -> None:
+    from copes.envs.rewards._math_worker import GRADER
+
+    _verdicts_are_right()  # the worker runs
+    stale = json.dumps({"id": -1, "pred": "q^2", "gold": "q*q"}).encode() + b"\n"
+    GRADER._proc.stdin.write(stale)  # a reply the next check must not take as its own
+    GRADER._proc.stdin.flush()
+    assert GRADER.check("q^2+1", "q*q+2", 5.0) is False
+    _verdicts_are_right()
 
 
 @pytest.mark.parametrize(

@@ -46,8 +46,12 @@ def symbolic_verdict(pred: str, gold: str, timeout: float) -> bool:
 class SymbolicGrader:
     """One process-wide grader worker; requests are serialized by a lock.
 
-    Protocol: one JSON object per line on the worker's stdin, one reply line on a dedicated
-    fd. On timeout or crash the worker is killed and restarted lazily on the next request.
+    Protocol: one JSON object per line on the worker's stdin, each with a request id; one
+    reply line per request on a dedicated fd, carrying the id back. A reply is only ever
+    taken for the request whose id it carries, and if anything interrupts a request after it
+    was written (a timeout, a crash, an exception or KeyboardInterrupt in the caller) the
+    worker is killed, so a late reply can never be read as another request's verdict. The
+    worker restarts lazily on the next request.
     """
 
     def __init__(self) -> None:
@@ -55,6 +59,7 @@ class SymbolicGrader:
         self._proc: subprocess.Popen[bytes] | None = None
         self._owner_pid = os.getpid()
         self._buffer = b""
+        self._request_id = 0
 
     def _reset_after_fork(self) -> None:
         # A forked child must not share the parent's worker pipes (or inherit a held lock).
@@ -111,7 +116,18 @@ class SymbolicGrader:
         line, self._buffer = self._buffer.split(b"\n", 1)
         return json.loads(line)
 
+    def _reply_to(self, request_id: int, timeout: float) -> dict | None:
+        """The reply carrying `request_id` (earlier replies are dropped), or None."""
+        deadline = time.monotonic() + timeout
+        while True:
+            reply = self._read_reply(max(0.0, deadline - time.monotonic()))
+            if reply is None or reply.get("id") == request_id:
+                return reply
+            logger.warning("math grader: dropped a stale reply %r", reply)
+
     def check(self, pred: str, gold: str, timeout: float) -> bool:
+        if not (isinstance(timeout, (int, float)) and 0 < timeout < float("inf")):
+            raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
         with self._lock:
             if self._owner_pid != os.getpid():
                 self._reset_after_fork()
@@ -119,14 +135,18 @@ class SymbolicGrader:
                 self._kill()
                 self._start()
             assert self._proc is not None and self._proc.stdin is not None
-            request = json.dumps({"pred": pred, "gold": gold}).encode() + b"\n"
+            self._request_id += 1
+            request_id = self._request_id
+            request = json.dumps({"id": request_id, "pred": pred, "gold": gold}).encode()
             try:
-                self._proc.stdin.write(request)
+                self._proc.stdin.write(request + b"\n")
                 self._proc.stdin.flush()
+                reply = self._reply_to(request_id, timeout)
             except BrokenPipeError:
                 reply = None
-            else:
-                reply = self._read_reply(timeout)
+            except BaseException:  # its reply may still come: never let it answer another
+                self._kill()
+                raise
             if reply is None:
                 crashed = self._proc.poll() is not None
                 self._kill()
@@ -212,9 +232,12 @@ def _worker_main() -> None:
     equal("x^2+1", "1+x^2")  # warm sympy's caches before reporting ready
     reply_out.write(json.dumps({"ready": True}) + "\n")
     for line in sys.stdin:
+        request = None
         try:
             request = json.loads(line)
-            reply = {"equal": equal(request["pred"], request["gold"])}
+            reply = {"id": request.get("id"), "equal": equal(request["pred"], request["gold"])}
         except Exception as e:  # includes MemoryError from the address-space cap
-            reply = {"equal": False, "error": f"{type(e).__name__}: {e}"[:500]}
+            reply = {"id": None, "equal": False, "error": f"{type(e).__name__}: {e}"[:500]}
+            if isinstance(request, dict):
+                reply["id"] = request.get("id")
         reply_out.write(json.dumps(reply) + "\n")

@@ -348,8 +348,8 @@ def is_equivalent(pred: str, gold: str, timeout: float = 5.0) -> bool:
     when the worker cannot start at all (sympy/math-verify missing): a broken install must
     not silently grade every answer as wrong.
     """
-    if timeout <= 0:
-        raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+    if not (isinstance(timeout, (int, float)) and 0 < timeout < float("inf")):
+        raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
     if not isinstance(pred, str) or not isinstance(gold, str):
         return False
     try:
