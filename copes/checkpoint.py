@@ -51,15 +51,23 @@ def save_checkpoint(
     final = root / f"step-{step:06d}"
     tmp = root / f".tmp-step-{step:06d}"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    (tmp / STATE_FILE).write_text(json.dumps({**state, "step": step}, indent=2))
-    if optimizer_tensors is not None:
-        torch.save(optimizer_tensors, tmp / OPTIMIZER_FILE)
-    if master_state is not None:
-        from safetensors.torch import save_file
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        (tmp / STATE_FILE).write_text(json.dumps({**state, "step": step}, indent=2))
+        if optimizer_tensors is not None:
+            torch.save(optimizer_tensors, tmp / OPTIMIZER_FILE)
+        if master_state is not None:
+            from safetensors.torch import save_file
 
-        save_file({k: v.contiguous() for k, v in master_state.items()}, str(tmp / MASTER_FILE))
+            save_file({k: v.contiguous() for k, v in master_state.items()}, str(tmp / MASTER_FILE))
+    except Exception as exc:  # a full disk shows up as safetensors', torch's or an OSError
+        shutil.rmtree(tmp, ignore_errors=True)  # `latest` still names a complete checkpoint
+        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise OSError(
+            f"could not write checkpoint {final.name} in {root} ({detail}); the previous "
+            "checkpoint is intact: free space (or move the run folder) and --resume"
+        ) from exc
     for file in tmp.iterdir():
         with open(file, "rb") as handle:
             os.fsync(handle.fileno())

@@ -65,22 +65,63 @@ def add_dataclass_flags(
     return names
 
 
+def _coerce(action: argparse.Action, value: Any, source: str) -> Any:
+    """A config file's value as its flag would parse it (a YAML string for an int flag is
+    an error naming the setting, never a string that fails somewhere inside the run)."""
+    flag = "/".join(action.option_strings)
+    if value is None:
+        return None
+    if isinstance(action, argparse.BooleanOptionalAction):
+        if not isinstance(value, bool):
+            raise ValueError(f"{source}: {flag} must be true or false, got {value!r}")
+        return value
+    if action.nargs == "+":
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"{source}: {flag} must be a list, got {value!r}")
+        return value
+    kind = action.type
+    if kind in (int, float) and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        try:
+            value = kind(value)
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"{source}: {flag} must be {'an integer' if kind is int else 'a number'}, "
+                f"got {value!r}"
+            ) from None
+    if kind is int and isinstance(value, float):
+        if not value.is_integer():
+            raise ValueError(f"{source}: {flag} must be an integer, got {value!r}")
+        value = int(value)
+    if action.choices is not None and value not in action.choices:
+        raise ValueError(f"{source}: {flag} must be one of {list(action.choices)}, got {value!r}")
+    return value
+
+
 def read_config_file(path: str) -> dict[str, Any]:
     """Settings from a YAML or TOML file; keys may use - or _."""
     file = Path(path)
-    if not file.exists():
-        raise FileNotFoundError(f"config file {path} does not exist")
-    text = file.read_text()
+    if not file.is_file():
+        raise FileNotFoundError(f"config file {path} does not exist (or is not a file)")
+    try:
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"config file {path} is not UTF-8 text (a binary file?)") from None
     if file.suffix == ".toml":
         try:
             import tomllib
         except ModuleNotFoundError:  # Python 3.10
             import tomli as tomllib  # type: ignore[no-redef]
-        data = tomllib.loads(text)
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"config file {path} is not valid TOML ({exc})") from None
     elif file.suffix in (".yaml", ".yml"):
         import yaml
 
-        data = yaml.safe_load(text) or {}
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            raise ValueError(f"config file {path} is not valid YAML ({exc})") from None
     else:
         raise ValueError(f"config file {path}: use .yaml, .yml or .toml")
     if not isinstance(data, dict):
@@ -99,6 +140,9 @@ def train_parser() -> tuple[argparse.ArgumentParser, list[str], list[str]]:
     parser.add_argument("--config", help="YAML or TOML file of settings (flags override it)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and memory, exit")
     parser.add_argument("--verbose", action="store_true", help="debug logging")
+    parser.add_argument(
+        "--debug", action="store_true", help="show the traceback of a user error too"
+    )
     train_names = add_dataclass_flags(parser, TrainConfig, "run")
     optimizer_names = add_dataclass_flags(parser, CoPESConfig, "ES / CoPES", SHARED_WITH_TRAIN)
     try:
@@ -121,6 +165,8 @@ def parse_train_args(argv: Sequence[str] | None) -> tuple[Any, dict[str, Any], a
     unknown = set(settings) - set(train_names) - set(optimizer_names)
     if unknown:
         parser.error(f"unknown setting(s) in {args.config}: {', '.join(sorted(unknown))}")
+    actions = {a.dest: a for a in parser._actions}
+    settings = {k: _coerce(actions[k], v, args.config) for k, v in settings.items()}
     for name in train_names + optimizer_names:
         value = getattr(args, name)
         if value is not None:
@@ -130,11 +176,7 @@ def parse_train_args(argv: Sequence[str] | None) -> tuple[Any, dict[str, Any], a
     for name in ("learning_rate",):  # shared names land with the optimizer
         if name in settings:
             optimizer[name] = settings[name]
-    try:
-        config = TrainConfig(**train)
-    except (TypeError, ValueError) as exc:
-        parser.error(str(exc))
-    return config, optimizer, args
+    return TrainConfig(**train), optimizer, args
 
 
 def dry_run(config: Any, optimizer_overrides: dict[str, Any]) -> dict[str, Any]:
@@ -164,6 +206,14 @@ def dry_run(config: Any, optimizer_overrides: dict[str, Any]) -> dict[str, Any]:
 
 
 def train_main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `copes-train`; returns the exit status (2 on a user error)."""
+    from copes.errors import run_command
+
+    debug = "--debug" in (sys.argv[1:] if argv is None else argv)
+    return run_command("copes-train", lambda: _train(argv), debug)
+
+
+def _train(argv: Sequence[str] | None) -> int:
     config, optimizer_overrides, args = parse_train_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
@@ -174,16 +224,9 @@ def train_main(argv: Sequence[str] | None = None) -> int:
         return 0
     from copes.train import Trainer
 
-    try:
-        trainer = Trainer(config, optimizer_overrides)
-    except (FileNotFoundError, FileExistsError, ValueError) as exc:
-        print(f"copes-train: error: {exc}", file=sys.stderr)
-        return 2
+    trainer = Trainer(config, optimizer_overrides)
     try:
         summary = trainer.run()
-    except (FileExistsError, ImportError, ValueError) as exc:  # ImportError: --workers, no Ray
-        print(f"copes-train: error: {exc}", file=sys.stderr)
-        return 2
     finally:
         trainer.close()
     print(json.dumps(summary, indent=2))

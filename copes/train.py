@@ -23,6 +23,7 @@ import torch
 
 from copes.agents.policy import SamplingConfig
 from copes.agents.rollout import RolloutBatch, rollout
+from copes.errors import UserError
 from copes.optimizers.base import flag
 from copes.optimizers.perturb import derive_seed
 from copes.run_log import MetricsLog, append_jsonl, drop_torn_tail, read_jsonl
@@ -287,8 +288,18 @@ class Trainer:
     def __post_init__(self) -> None:
         c = self.config
         self.run_dir = Path(c.out_dir)
+        from copes.errors import check_device
+
+        check_device(c.device)
         if not c.resume:  # refuse before anything is built or loaded
             self._check_fresh_run_dir()
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UserError(
+                f"--out-dir {self.run_dir}: cannot create the run folder ({exc.strerror}); "
+                "choose a writable folder"
+            ) from None
         if not c.progress:
             from transformers.utils import logging as transformers_logging
 
@@ -373,6 +384,9 @@ class Trainer:
                     self.validate()
                 if done or (c.checkpoint_every and self.budget.steps % c.checkpoint_every == 0):
                     self.checkpoint()
+            if self._final_checkpoint_missing():  # resumed after the last step was logged
+                self.validate()
+                self.checkpoint()
         finally:
             bar.close()
             self.log.close()
@@ -426,6 +440,16 @@ class Trainer:
             keep=self.config.keep_checkpoints,
         )  # fmt: skip
 
+    def _final_checkpoint_missing(self) -> bool:
+        """The budget is spent but no checkpoint holds its last step (a run killed, or out of
+        disk, after logging its last ES step and before checkpointing it)."""
+        from copes.checkpoint import latest_checkpoint
+
+        if not self.budget.exhausted(self.config) or self.budget.steps == 0:
+            return False
+        latest = latest_checkpoint(self.run_dir)
+        return latest is None or latest.name != f"step-{self.budget.steps:06d}"
+
     def start_population(self) -> Any:
         """W Ray actors, each a replica of this policy and training rollout (no weights sent)."""
         from copes.agents.hf import resolve_model_path
@@ -461,15 +485,23 @@ class Trainer:
             drop_torn_tail(self.run_dir / log)
         checkpoint = latest_checkpoint(self.run_dir)
         if checkpoint is not None:
-            state = load_state(checkpoint)
-            self._load_weights(checkpoint)
-            optimizer_state = dict(state["optimizer"])
-            tensors = load_optimizer_tensors(checkpoint)
+            try:
+                state = load_state(checkpoint)
+                self._load_weights(checkpoint)
+                optimizer_state = dict(state["optimizer"])
+                tensors = load_optimizer_tensors(checkpoint)
+                master = load_master_state(checkpoint)
+                budget = Budget(**state["budget"])
+            except Exception as exc:  # torn, foreign or garbage files: name the checkpoint
+                raise UserError(
+                    f"checkpoint {checkpoint} cannot be read ({type(exc).__name__}: {exc}); "
+                    "point checkpoints/latest at an earlier step-* folder (or remove it to "
+                    "start from the base model plus es_log.jsonl)"
+                ) from exc
             if tensors is not None:
                 optimizer_state["optimizer_tensors"] = tensors
             self.optimizer.load_state_dict(optimizer_state)
-            self.budget = Budget(**state["budget"])
-            master = load_master_state(checkpoint)
+            self.budget = budget
             if master is not None:
                 self.policy.weights().load_master_state(master)
             logger.info("resuming from %s (step %d)", checkpoint, self.budget.steps)
@@ -535,7 +567,18 @@ class Trainer:
         path = self.run_dir / "config.json"
         if not path.exists():
             return
-        saved, record = json.loads(path.read_text()), self._run_config()
+        try:
+            saved = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise UserError(
+                f"{path} is not a copes run config ({exc}): not a run folder?"
+            ) from None
+        if not isinstance(saved, dict) or not isinstance(saved.get("train"), dict):
+            raise UserError(
+                f"{path} is not a copes run config (no 'train' settings): --resume needs a "
+                "folder written by copes-train; choose another --out-dir"
+            )
+        record = self._run_config()
         changed = [
             f"{k}: {saved['train'].get(k)!r} -> {v!r}"
             for k, v in record["train"].items()

@@ -6,10 +6,13 @@ fresh build.
 """
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+sys.path.insert(0, str(Path(__file__).parent))  # the helper module tests/families.py
 
 
 @pytest.fixture(scope="session")
@@ -34,9 +37,6 @@ def tiny_policy(tiny_agent_dir):
 def family_dir(request):
     """`family_dir(name)`: the folder of a tiny trained model of a real family
     (tests/families.py), built once into pytest's cache folder."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).parent))
     import families
 
     cache = Path(request.config.cache.mkdir("copes-families"))
@@ -48,3 +48,17 @@ def family_dir(request):
         return built[name]
 
     return build
+
+
+@pytest.fixture
+def family_data_dir(tmp_path) -> Path:
+    """A `--data-dir` whose gsm8k.jsonl holds the one question the family models answer."""
+    import json
+
+    import families
+
+    folder = tmp_path / "family-data"
+    folder.mkdir()
+    record = {"question": families.QUESTION, "answer": f"12*34={families.ANSWER}\n#### 408"}
+    (folder / "gsm8k.jsonl").write_text(json.dumps(record) + "\n")
+    return folder

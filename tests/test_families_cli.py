@@ -21,13 +21,8 @@ def families_module():
 
 
 @pytest.fixture
-def data_dir(tmp_path):
-    families = families_module()
-    folder = tmp_path / "data"
-    folder.mkdir()
-    record = {"question": families.QUESTION, "answer": f"12*34={families.ANSWER}\n#### 408"}
-    (folder / "gsm8k.jsonl").write_text(json.dumps(record) + "\n")
-    return folder
+def data_dir(family_data_dir):
+    return family_data_dir
 
 
 def model_flags(family_dir, name):

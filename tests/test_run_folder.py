@@ -9,13 +9,8 @@ from copes.cli import train_main
 
 
 @pytest.fixture
-def base_argv(family_dir, tmp_path):
-    import families
-
-    data = tmp_path / "data"
-    data.mkdir()
-    record = {"question": families.QUESTION, "answer": "12*34=408\n#### 408"}
-    (data / "gsm8k.jsonl").write_text(json.dumps(record) + "\n")
+def base_argv(family_dir, family_data_dir, tmp_path):
+    data = family_data_dir
     return [
         "--model", str(family_dir("qwen2")), "--call-format", "native", "--optimizer", "copes",
         "--benchmark", "gsm8k", "--data-dir", str(data), "--train-split", "test",
@@ -54,8 +49,6 @@ def test_a_refused_run_leaves_the_folder_as_it_was(base_argv, tmp_path, capsys):
 
 @pytest.mark.parametrize("keep", ["0", "-1"])
 def test_keep_checkpoints_below_one_is_a_user_error(base_argv, tmp_path, capsys, keep):
-    with pytest.raises(SystemExit) as exit_info:
-        train_main([*base_argv, "--keep-checkpoints", keep])
-    assert exit_info.value.code == 2
-    assert "keep_checkpoints must be >= 1" in capsys.readouterr().err
+    assert train_main([*base_argv, "--keep-checkpoints", keep]) == 2
+    assert "keep_checkpoints must be >= 1" in one_line_error(capsys)
     assert not (tmp_path / "run").exists()

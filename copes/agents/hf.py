@@ -44,6 +44,13 @@ def resolve_model_path(name_or_path: str | Path) -> str:
         from copes.agents.tiny import ensure_tiny_agent
 
         return str(ensure_tiny_agent())
+    folder = Path(name_or_path).expanduser()
+    if folder.is_dir() and not (folder / "config.json").is_file():
+        raise FileNotFoundError(
+            f"model folder {str(name_or_path)!r} has no config.json: not a Hugging Face model "
+            "folder (it needs config.json, the weights and the tokenizer files; "
+            "save_pretrained writes them)"
+        )
     return str(name_or_path)
 
 

@@ -166,6 +166,11 @@ class ToolEnv(gym.Env[str, str]):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
+        if options is not None and not isinstance(options, Mapping):
+            raise TypeError(
+                'reset(options=...) takes a dict: {"task": Task}, {"task_index": i} or '
+                f'{{"task_id": "..."}} (or None), got {type(options).__name__} {options!r:.60}'
+            )
         self.task = self._choose_task(options or {})
         for t in self.tools.values():
             reset_tool(t, self.task)

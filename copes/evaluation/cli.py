@@ -27,7 +27,7 @@ VLLM_HINT = (
 )
 
 
-class BackendUnavailable(RuntimeError):
+class BackendUnavailable(ImportError):
     """The requested generation backend cannot be loaded on this machine."""
 
 
@@ -112,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="re-grade the samples in OUT (and OUT/baseline) without generating",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar, warnings only")
+    parser.add_argument(
+        "--debug", action="store_true", help="show the traceback of a user error too"
+    )
     parser.add_argument("--out", required=True, help="output folder")
     return parser
 
@@ -187,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
     from copes.agents.policy import SamplingConfig
     from copes.evaluation.benchmarks import resolve_benchmarks
     from copes.evaluation.report import format_table, write_report
-    from copes.evaluation.runner import check_ks, rescore
+    from copes.evaluation.runner import check_ks, read_eval_config, rescore
 
     out = Path(args.out)
     baseline_out = out / "baseline"
@@ -198,7 +201,20 @@ def run(args: argparse.Namespace) -> int:
             write_report(baseline, baseline_out)
     else:
         # Everything that can be wrong with the arguments fails before a model is loaded.
+        from copes.errors import UserError, check_device
+
+        if args.limit is not None and args.limit < 1:
+            raise UserError(f"--limit must be >= 1 (problems per benchmark), got {args.limit}")
+        if out.exists() and not out.is_dir():
+            raise UserError(f"--out {out} is a file; name a folder (it is created if missing)")
+        check_device(args.device)
         check_ks(args.pass_k, args.n)
+        if not args.no_resume:
+            read_eval_config(out)  # a foreign file there fails now, not after the model loads
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UserError(f"--out {out}: cannot create the folder ({exc.strerror})") from None
         resolve_benchmarks(args.benchmarks)
         template_kwargs_for(args.enable_thinking, args.chat_template_kwargs)
         sampling = SamplingConfig(
@@ -224,15 +240,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.model is None and not args.rescore:
         parser.error("--model is required (or --rescore to re-grade the samples in --out)")
+    if args.quiet:
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
     logging.basicConfig(
         level=logging.WARNING if args.quiet else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    try:
-        return run(args)
-    except (ValueError, FileNotFoundError, BackendUnavailable) as exc:
-        print(f"copes-eval: error: {exc}", file=sys.stderr)
-        return 2
+    from copes.errors import run_command
+
+    return run_command("copes-eval", lambda: run(args), args.debug)
 
 
 if __name__ == "__main__":

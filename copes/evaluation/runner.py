@@ -85,11 +85,28 @@ def _key(record: dict[str, Any]) -> tuple[str, str, int]:
     return record["benchmark"], record["task_id"], int(record["sample"])
 
 
-def _check_resumable(out_dir: Path, config: dict[str, Any]) -> None:
-    path = out_dir / CONFIG_FILE
+def read_eval_config(out_dir: str | Path) -> dict[str, Any] | None:
+    """The eval_config.json of an earlier evaluation in `out_dir` (None if there is none);
+    a file that is not one is an error naming it."""
+    path = Path(out_dir) / CONFIG_FILE
     if not path.exists():
+        return None
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path} is not an evaluation config ({exc}); use another --out") from None
+    if not isinstance(old, dict):
+        raise ValueError(
+            f"{path} is not an evaluation config (a JSON object); use another --out, or "
+            "--no-resume to discard what is there"
+        )
+    return old
+
+
+def _check_resumable(out_dir: Path, config: dict[str, Any]) -> None:
+    old = read_eval_config(out_dir)
+    if old is None:
         return
-    old = json.loads(path.read_text())
     for name in _SAMPLE_SETTINGS:
         if name == "model" and (old.get("model") is None or config.get("model") is None):
             continue
@@ -344,11 +361,15 @@ def rescore(out_dir: str | Path, *, ks: Sequence[int] | None = None) -> Report:
             f"{config_path} does not exist; rescore needs the folder an evaluation wrote "
             f"(its --out), with {CONFIG_FILE} and {SAMPLES_FILE}"
         )
-    config = json.loads(config_path.read_text())
-    n = int(config["n"])
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+        n = int(config["n"])
+    except (UnicodeDecodeError, json.JSONDecodeError, TypeError, KeyError, ValueError) as exc:
+        raise ValueError(f"{config_path} is not an evaluation config ({exc!r})") from None
     ks = check_ks(config["ks"] if ks is None else ks, n)
     benchmarks = [get_benchmark(name) for name in config["benchmarks"]]
-    records = read_samples(out / SAMPLES_FILE)
+    # One record per (benchmark, task, sample), the last one written, as `evaluate` keeps.
+    records = list({_key(r): r for r in read_samples(out / SAMPLES_FILE)}.values())
     graders = {b.name: b.make_grader() for b in benchmarks}
     kinds = {b.name: b.grader for b in benchmarks}
     for record in records:

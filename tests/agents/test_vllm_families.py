@@ -112,13 +112,8 @@ def test_vllm_cpu_moe_experts_are_refused_not_mapped_wrongly(family_dir):
 
 # ---------------------------------------------------------------------- the CLIs
 @pytest.fixture
-def data_dir(tmp_path):
-    families = families_module()
-    folder = tmp_path / "data"
-    folder.mkdir()
-    record = {"question": families.QUESTION, "answer": "12*34=408\n#### 408"}
-    (folder / "gsm8k.jsonl").write_text(json.dumps(record) + "\n")
-    return folder
+def data_dir(family_data_dir):
+    return family_data_dir
 
 
 def model_flags(family_dir, name):
@@ -129,9 +124,10 @@ def model_flags(family_dir, name):
     return [*flags, "--backend", "vllm", "--dtype", "float32", "--device", "cpu"]
 
 
-# Each CLI run starts its own engine (~25 s on 2 cores): the CLIs run on two families with
-# different native formats and end-of-turn tokens; every family's engine is covered above.
-@pytest.mark.parametrize("name", ["qwen3", "llama"])
+# Each CLI run starts its own engine (~25 s on 2 cores, and CI has a 30-minute budget): the
+# CLIs run on Qwen3 (native JSON calls after reasoning); every family's engine, episode and
+# noise are covered above, and the CLIs' path does not depend on the family.
+@pytest.mark.parametrize("name", ["qwen3"])
 def test_copes_train_and_eval_on_vllm(family_dir, data_dir, tmp_path, name):
     from copes.cli import train_main
     from copes.evaluation.cli import main as eval_main

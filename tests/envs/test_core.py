@@ -151,3 +151,16 @@ def test_tool_and_grading_time_are_reported_apart():
     assert info["tool_seconds"] >= 0 and "grade_seconds" not in info
     *_, info = env.step("<answer>dro1w</answer>")
     assert info["grade_seconds"] >= 0.02 and info["correct"] is True
+
+
+@pytest.mark.parametrize("options", ["task", [1, 2], 3])
+def test_reset_options_that_are_not_a_dict_are_refused_clearly(options):
+    from copes.envs.presets import tool_math_env
+    from copes.envs.tasks.synthetic import synthetic_math_tasks
+
+    env = tool_math_env(tasks=synthetic_math_tasks("test", 2))
+    try:
+        with pytest.raises(TypeError, match=r"reset\(options=\.\.\.\) takes a dict"):
+            env.reset(options=options)
+    finally:
+        env.close()

@@ -116,7 +116,24 @@ def fake_hub(monkeypatch, tables: dict[tuple[str, str | None], list[dict]]) -> l
         return datasets.Dataset.from_list(tables[(path, name)])
 
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    monkeypatch.setattr("copes.envs.tasks.io.hub_reachable", lambda timeout=2.0: True)
     return calls
+
+
+def test_an_unreachable_hub_fails_at_once_naming_data_dir(monkeypatch):
+    import datasets
+
+    from copes.envs.tasks.registry import load_benchmark
+
+    def never(*args, **kwargs):
+        raise AssertionError("load_dataset must not be tried (it retries for ~30 s)")
+
+    monkeypatch.setattr(datasets, "load_dataset", never)
+    monkeypatch.setattr("copes.envs.tasks.io.hub_reachable", lambda timeout=2.0: False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    with pytest.raises(ConnectionError, match="--data-dir"):
+        load_benchmark("gsm8k", split="test", limit=1)
 
 
 def test_hub_ids_go_to_load_dataset_with_config_and_limit(monkeypatch):

@@ -72,6 +72,12 @@ CASES = [
     (r"\frac{\pi}{2}", r"\frac{1}{2}\pi", True),
     ("3.14", r"\pi", False),
     ("10^{3}", "1000", True),
+    ("1e3", "10^3", True),  # was unequal while 1e3 = 1000
+    ("2^{10}", "1024", True),
+    ("-2^2", "-4", True),  # the sign is outside the power
+    ("-2^2", "4", False),
+    ("٤٢", "42", True),  # Arabic-Indic digits: were equal to 42.0 only
+    ("４２", "42", True),  # full-width digits
     # polynomials and assignments
     ("x^2+1", "1+x^2", True),
     ("x^2+2x+1", "(x+1)^2", True),
@@ -327,3 +333,33 @@ def test_extract_answer(text: str, answer: str | None) -> None:
 def test_extract_then_grade() -> None:
     response = r"Adding up gives $\frac{6}{4}$. <answer>\boxed{\dfrac{3}{2}}</answer>"
     assert is_equivalent(extract_answer(response) or "", "1.5")
+
+
+def test_long_and_deep_answers_are_graded_within_a_bounded_time(caplog) -> None:
+    """Normalization was quadratic in the brace depth and outside the timeout: a 32 KB
+    answer took 38 s in env.step, 100 KB 454 s; 10,000 nested fractions logged a
+    4,000-line traceback per call."""
+    from copes.envs.presets import tool_math_env
+    from copes.envs.tasks.base import Task
+
+    task = Task(id="t", question="q", answers=("1",), kind="math")
+    env = tool_math_env(tasks=[task])
+    try:
+        env.reset(options={"task": task})
+        start = time.perf_counter()
+        _, reward, terminated, _, _ = env.step("<answer>" + "{" * 15_990 + "</answer>")
+        assert terminated and reward == 0.0 and time.perf_counter() - start < 5
+    finally:
+        env.close()
+    cases = [
+        ("x" * 100_000, "1", False),
+        ("{" * 4_999 + "1" + "}" * 4_999, "1", True),  # deep but within the size budget
+        ("\\frac{" * 900 + "1" + "}{2}" * 900, "1", False),
+        ("\\frac{" * 10_000 + "1" + "}{2}" * 10_000, "1", False),
+    ]
+    with caplog.at_level("DEBUG", logger="copes.envs.rewards.math"):
+        for pred, gold, equal in cases:
+            start = time.perf_counter()
+            assert is_equivalent(pred, gold) is equal
+            assert time.perf_counter() - start < 5, len(pred)
+    assert not [r for r in caplog.records if r.exc_info], "no traceback is logged"

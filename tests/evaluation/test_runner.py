@@ -254,3 +254,22 @@ def test_table_json_csv_and_plots_with_a_baseline(tmp_path):
     assert float(rows["pass@1"]["difference"]) == pytest.approx(0.25)
     assert [p.name for p in paths["plots"]] == ["pass_at_k_gsm8k.png"]
     assert paths["plots"][0].stat().st_size > 1000
+
+
+def test_rescore_counts_a_duplicated_sample_once(full_run, tmp_path):
+    """`evaluate` keeps one record per (benchmark, task, sample); --rescore did not."""
+    full_out, _, full_data = full_run
+    shutil.copy(full_out / "eval_config.json", tmp_path / "eval_config.json")
+    lines = (full_out / "samples.jsonl").read_text().splitlines()
+    (tmp_path / "samples.jsonl").write_text("\n".join([*lines, lines[0], lines[0]]) + "\n")
+    assert Report.from_dict(rescore(tmp_path).to_dict()) == Report.from_dict(full_data)
+    assert len(read_samples(tmp_path / "samples.jsonl")) == len(lines)
+
+
+def test_an_eval_config_that_is_not_an_object_is_a_one_line_error(tmp_path, capsys, tiny_agent_dir):
+    (tmp_path / "eval_config.json").write_text("[1, 2]")
+    code = main(["--model", str(tiny_agent_dir), "--benchmarks", "synthetic-math",
+                 "--out", str(tmp_path)])  # fmt: skip
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert "is not an evaluation config" in err and len(err.splitlines()) == 1

@@ -8,7 +8,9 @@ process of `copes.envs.rewards._math_worker`, which enforces a hard per-pair tim
 from __future__ import annotations
 
 import logging
+import math
 import re
+import unicodedata
 from fractions import Fraction
 
 from copes.envs.parsing import last_boxed
@@ -20,6 +22,10 @@ logger = logging.getLogger(__name__)
 
 REL_TOL = 1e-6  # relative tolerance when either number is written as a decimal
 _MAX_SYMBOLIC_CHARS = 1000  # longer "answers" are garbage; the LaTeX parser crawls on them
+# Longer answers are not equivalent to anything, before any work: with the linear-time
+# normalization this bounds the whole grading path (normalization included) together with
+# the symbolic check's timeout. Above the longest exact number compared (_MAX_DIGITS).
+_MAX_ANSWER_CHARS = 10_000
 
 # ---------------------------------------------------------------------------------------------
 # Answer extraction
@@ -67,6 +73,8 @@ _TEXT_WRAP = re.compile(_TEXT_CMD + r"\{([^{}]*)\}")
 _ASSIGN_LHS = re.compile(r"^\s*(?:[A-Za-z]|\\[A-Za-z]+)(?:_\{?[A-Za-z0-9]+\}?)?\s*$")
 _FRAC_SQRT = re.compile(r"\\(frac|sqrt)(?![a-zA-Z])")
 _BARE_DECIMAL = re.compile(r"(?<![\d.])\.(\d)")
+_ANY_DIGIT = re.compile(r"\d")  # Unicode decimal digits of every script
+_INT_POWER = re.compile(r"^([+-]?)(\d+)\^\{?(\d{1,4})\}?$")  # 10^3, 2^{10}, -2^2 = -4
 _INT_SLASH = re.compile(r"^([+-]?\d+)\s*/\s*(\d+)$")
 _THOUSANDS = re.compile(r"^[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
 _CHOICE = re.compile(r"^\(([A-Za-z])\)$")
@@ -122,18 +130,36 @@ def _brace_frac_sqrt(s: str) -> str:
 
 
 def _strip_outer_braces(s: str) -> str:
-    while s.startswith("{") and s.endswith("}"):
-        got = _read_arg(s, 0)
-        if got is None or got[1] != len(s):
-            break
-        s = got[0].strip()
-    return s
+    """`{{ x }}` -> `x`: every brace pair that wraps the whole string, in one pass (a loop
+    of `_read_arg` calls was quadratic in the nesting depth)."""
+    match: dict[int, int] = {}
+    opened: list[int] = []
+    for i, ch in enumerate(s):
+        if ch == "{":
+            opened.append(i)
+        elif ch == "}" and opened:
+            match[opened.pop()] = i
+    start, end = 0, len(s)
+    while start < end and match.get(start) == end - 1:
+        start, end = start + 1, end - 1
+        while start < end and s[start].isspace():
+            start += 1
+        while end > start and s[end - 1].isspace():
+            end -= 1
+    return s[start:end]
+
+
+def _ascii_digits(s: str) -> str:
+    """Any script's decimal digits (Arabic-Indic `٤٢`, full-width `４２`) as ASCII `42`."""
+    if s.isascii():
+        return s
+    return _ANY_DIGIT.sub(lambda m: str(unicodedata.digit(m.group(0))), s)
 
 
 def _normalize(s: str, keep_spaces: bool) -> str:
     if not isinstance(s, str):
         return ""
-    s = s.strip()
+    s = _ascii_digits(s.strip())
     if s.startswith(("\\boxed", "\\fbox")):
         s = last_boxed(s) or s
     s = s.replace("\n", " ").replace("\\displaystyle", "")
@@ -191,6 +217,12 @@ def _to_number(s: str) -> tuple[Fraction, bool] | None:
         return None
     if _INT.match(s):
         return Fraction(int(s)), True
+    if m := _INT_POWER.match(s):  # an integer power, so `10^3` meets `1e3` and `1000`
+        base, exponent = int(m.group(2)), int(m.group(3))
+        if base > 1 and exponent * math.log10(base) > _MAX_DIGITS:
+            return None
+        value = Fraction(base**exponent)
+        return (-value if m.group(1) == "-" else value), True
     if _DECIMAL.match(s):
         return Fraction(s), False
     if m := _FRAC_NUM.match(s):
@@ -352,8 +384,14 @@ def is_equivalent(pred: str, gold: str, timeout: float = 5.0) -> bool:
         raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
     if not isinstance(pred, str) or not isinstance(gold, str):
         return False
+    if max(len(pred), len(gold)) > _MAX_ANSWER_CHARS:
+        logger.debug("math grader: answer over %d chars, not equivalent", _MAX_ANSWER_CHARS)
+        return False
     try:
         verdict = _cheap_verdict(pred, gold)
+    except RecursionError:  # deeply nested \frac: malformed, and its traceback is noise
+        logger.debug("math grader: answer nested too deeply, not equivalent")
+        return False
     except Exception:  # a normalization bug must not crash a rollout
         logger.exception("math grader: normalization failed on pred=%.200r gold=%.200r", pred, gold)
         return False

@@ -94,18 +94,24 @@ def _file_for_split(directory: Path, split: str) -> Path:
 
 
 def _read_file(path: Path, limit: int | None) -> list[dict[str, Any]]:
+    readers = {
+        ".jsonl": lambda: _read_jsonl(path, limit),
+        ".json": lambda: _read_json(path),
+        ".parquet": lambda: _read_parquet(path),
+    }
     suffix = path.suffix.lower()
-    if suffix == ".jsonl":
-        records = _read_jsonl(path, limit)
-    elif suffix == ".json":
-        records = _read_json(path)
-    elif suffix == ".parquet":
-        records = _read_parquet(path)
-    else:
+    if suffix not in readers:
         raise ValueError(
             f"unsupported benchmark file {str(path)!r}: expected one of "
             f"{', '.join(SUPPORTED_SUFFIXES)}; convert it or rename it if it is JSONL"
         )
+    try:
+        records = readers[suffix]()
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"benchmark file {str(path)!r} is not UTF-8 text (byte {exc.start}: {exc.reason}); "
+            "re-encode it as UTF-8"
+        ) from None
     for index, record in enumerate(records):
         if not isinstance(record, dict):
             raise ValueError(
@@ -167,11 +173,35 @@ def _read_parquet(path: Path) -> list[dict[str, Any]]:
         raise ValueError(f"{str(path)!r} is not a readable Parquet file: {exc}") from exc
 
 
+def hub_reachable(timeout: float = 2.0) -> bool:
+    """Whether the Hugging Face hub (`HF_ENDPOINT`) answers a TCP connection within
+    `timeout` seconds: checked before `datasets` spends ~30 s in retries on a machine
+    without a route to it."""
+    import socket
+    from urllib.parse import urlparse
+
+    endpoint = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    try:
+        socket.create_connection((endpoint.hostname or "huggingface.co", port), timeout).close()
+    except OSError:
+        return False
+    return True
+
+
 def _load_from_hub(
     source: str, *, config: str | None, split: str, limit: int | None
 ) -> list[dict[str, Any]]:
     import datasets
 
+    offline = os.environ.get("HF_DATASETS_OFFLINE") == "1" or os.environ.get("HF_HUB_OFFLINE")
+    if not offline and not hub_reachable():
+        raise ConnectionError(
+            f"the Hugging Face hub cannot be reached from this machine, so {source!r} split "
+            f"{split!r} cannot be downloaded: put the split in a local folder and pass it with "
+            "--data-dir (docs/evaluation.md), or set HF_DATASETS_OFFLINE=1 to use a copy "
+            "already in the datasets cache"
+        )
     try:
         dataset = datasets.load_dataset(source, config, split=split)
     except OSError as exc:  # ConnectionError, DatasetNotFoundError, offline mode
