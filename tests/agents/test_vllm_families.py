@@ -18,6 +18,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed: these tests run in CI's vLLM venv")
 
+import torch
 
 from copes.agents.policy import SamplingConfig
 from copes.agents.rollout import rollout
@@ -54,7 +55,7 @@ def pair(request, family_dir):
 
     family = families_module().FAMILIES[request.param]
     folder = family_dir(request.param)
-    engine = start(folder, family)
+    engine = start(folder, family, trainable=True)  # GRPO trains its transformers copy
     hf = HFPolicy.from_pretrained(
         folder, device="cpu", chat_template_kwargs=family.template_kwargs or None
     )
@@ -108,6 +109,75 @@ def test_vllm_cpu_moe_experts_are_refused_not_mapped_wrongly(family_dir):
     family = families_module().FAMILIES["qwen3_moe"]
     with pytest.raises(RuntimeError, match=r"wrong for 4 tensor.*mlp\.experts\.gate_up_proj"):
         start(family_dir("qwen3_moe"), family)
+
+
+def test_a_copes_step_a_grpo_step_and_an_evaluation_on_the_engine(pair, family_data_dir, tmp_path):
+    """On the engine the fixture started (each CLI run would start its own): a CoPES step
+    whose update lands on the same bits as on transformers, a GRPO step the engine then
+    generates with, and an evaluation that runs the tool in the native format."""
+    from copes.evaluation.runner import evaluate
+    from copes.optimizers.es import CoPES, CoPESConfig
+    from copes.optimizers.grpo import GRPO, GRPOConfig
+
+    families = families_module()
+    family, engine, hf = pair
+
+    def episodes(policy, copies, sampling):
+        envs = [families.make_env(family.call_formats[1]) for _ in range(copies)]
+        try:
+            return rollout(
+                policy, envs, sampling, options=[{"task": families.make_task()}] * copies
+            )
+        finally:
+            for env in envs:
+                env.close()
+
+    def es_rollout(policy, member):
+        batch = episodes(policy, 1, SamplingConfig(64, temperature=0))
+        for trajectory in batch:  # the memorized episode scores alike: vary it by member
+            trajectory.reward += 0.1 * member
+        return batch
+
+    base = {n: t.clone() for n, t in hf.weights().master_state().items()}
+    config = CoPESConfig(population_size=2, num_subspaces=2, sigma=1e-3, learning_rate=1e-2)
+    try:
+        ours = CoPES(config).step(engine, es_rollout)
+        theirs = CoPES(config).step(hf, es_rollout)
+        assert ours.log["rewards"] == theirs.log["rewards"]
+        master = engine.weights().master_state()
+        for name, tensor in hf.weights().master_state().items():
+            assert torch.equal(master[name], tensor), name
+        assert any(not torch.equal(master[n], base[n]) for n in base)
+    finally:
+        engine.weights().load_master_state(base)
+        hf.weights().load_master_state(base)
+
+    def grpo_rollout(policy, member):
+        batch = episodes(policy, 2, SamplingConfig(64, temperature=1.0, seed=5))
+        for i, trajectory in enumerate(batch):  # a group with distinct rewards: an update
+            trajectory.reward = float(i)
+        return batch
+
+    before = engine.engine_digest()
+    state = {n: t.clone() for n, t in engine.model.state_dict().items()}
+    try:
+        GRPO(GRPOConfig(group_size=2, learning_rate=1e-3, micro_batch_size=4), engine).step(
+            engine, grpo_rollout
+        )
+        episodes(engine, 1, SamplingConfig(8, temperature=0))  # generating syncs the engine
+        assert engine.engine_digest() != before
+        engine.check_weight_map()  # the engine holds exactly the trained copy
+    finally:
+        engine.model.load_state_dict(state)
+        engine.sync_trainable(force=True)
+    assert engine.engine_digest() == before
+
+    report = evaluate(
+        engine, "gsm8k", n=1, ks=[1], sampling=SamplingConfig(64, temperature=0),
+        data_dir=family_data_dir, out_dir=tmp_path / "eval", max_turns=3, progress=False,
+        call_format=family.call_formats[1], save_messages=True,
+    )  # fmt: skip
+    assert report.benchmarks["gsm8k"].pass_at_k[1] == 1.0
 
 
 # ---------------------------------------------------------------------- the CLIs
