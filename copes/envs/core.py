@@ -26,7 +26,7 @@ from copes.envs.parsing import (
 )
 from copes.envs.rewards.graders import Grade, Grader
 from copes.envs.tasks.base import Task
-from copes.envs.tools.base import Tool, close_tool, reset_tool, tool_schema
+from copes.envs.tools.base import Tool, as_tool, close_tool, reset_tool, resolve, tool_schema
 
 logger = logging.getLogger(__name__)
 
@@ -73,12 +73,26 @@ def default_instructions(task: Task, tools: Sequence[Tool], call_format: CallFor
     if call_format == "tags":
         lines.append("Tools (one call per turn, then wait for the result):")
         for t in tools:
-            lines.append(f"<{t.name}>...</{t.name}> {t.description.strip()}")
+            lines.append(f"<{t.name}>{tag_arguments(t)}</{t.name}> {t.description.strip()}")
     else:
         lines.append("Use the tools when they help (one call per turn).")
     lines.append("Give the final answer as <answer>...</answer>.")
     lines += ["", f"Question: {task.question.strip()}"]
     return "\n".join(lines)
+
+
+def tag_arguments(tool: Tool) -> str:
+    """What goes inside a tool's tag: `...` for one argument (the content is it), nothing
+    for none, else the JSON object of its arguments with their types (optional ones marked)."""
+    props = tool.parameters.get("properties", {})
+    if len(props) == 1:
+        return "..."
+    required = set(tool.parameters.get("required", []))
+    fields = [
+        f'"{name}": {schema.get("type", "value")}' + ("" if name in required else " (optional)")
+        for name, schema in props.items()
+    ]
+    return "{" + ", ".join(fields) + "}" if fields else ""
 
 
 class ToolEnv(gym.Env[str, str]):
@@ -124,6 +138,7 @@ class ToolEnv(gym.Env[str, str]):
             raise ValueError("ToolEnv needs at least one task")
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        tools = [as_tool(t) for t in tools]  # plain and async functions become tools
         names = [t.name for t in tools]
         if len(set(names)) != len(names):
             raise ValueError(f"tool names must be unique, got {names}")
@@ -131,6 +146,7 @@ class ToolEnv(gym.Env[str, str]):
             raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
         self.tasks = list(tasks)
         self.tools: dict[str, Tool] = {t.name: t for t in tools}
+        self._schemas = [tool_schema(t) for t in tools]
         self.grader = grader
         self.max_turns = max_turns
         self.call_format = call_format
@@ -155,7 +171,7 @@ class ToolEnv(gym.Env[str, str]):
     @property
     def tool_schemas(self) -> list[dict[str, Any]]:
         """Function schemas of the tools, for chat templates that take ``tools=``."""
-        return [tool_schema(t) for t in self.tools.values()]
+        return [dict(schema) for schema in self._schemas]
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -182,7 +198,7 @@ class ToolEnv(gym.Env[str, str]):
         self._turn = 0
         self._tool_calls = 0
         self._done = False
-        return first, self._info(tools=self.tool_schemas)
+        return first, self._info()
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self._done or self.task is None:
@@ -191,10 +207,6 @@ class ToolEnv(gym.Env[str, str]):
             raise TypeError(f"an action is the agent's turn as a str, got {type(action).__name__}")
         self._turn += 1
         reasoning, content, cut_off = split_reasoning(action)
-        message: dict[str, Any] = {"role": "assistant", "content": content}
-        if reasoning is not None:  # kept apart, as chat templates take it
-            message["reasoning_content"] = reasoning
-        self._messages.append(message)
         if cut_off:
             parsed = self.parser.invalid(
                 f"the turn ended inside its reasoning ({REASONING_MARKERS[0]} with no "
@@ -202,6 +214,24 @@ class ToolEnv(gym.Env[str, str]):
             )
         else:  # tool calls and answers count only after the reasoning
             parsed = self.parser.parse(content)
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        call_id = None
+        if parsed.kind == "tool_call" and self.call_format != "tags" and parsed.span:
+            # OpenAI format: the call as `tool_calls`, the content what the turn said around
+            # it (in the tags format the call is the text itself, and stays there).
+            call_id = f"call_{self._turn}"
+            start, end = parsed.span
+            message["content"] = (content[:start] + content[end:]).strip()
+            message["tool_calls"] = [
+                {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": parsed.tool_name, "arguments": dict(parsed.arguments)},
+                }
+            ]
+        if reasoning is not None:  # kept apart, as chat templates take it
+            message["reasoning_content"] = reasoning
+        self._messages.append(message)
         extra: dict[str, Any] = {"action": parsed.kind}
 
         if parsed.kind == "answer":
@@ -218,6 +248,8 @@ class ToolEnv(gym.Env[str, str]):
             observation, seconds = self._run_tool(parsed)
             self._tool_calls += 1
             message = {"role": "tool", "name": parsed.tool_name, "content": observation}
+            if call_id is not None:
+                message["tool_call_id"] = call_id
             self._messages.append(message)
             extra.update(tool=parsed.tool_name, tool_seconds=seconds)
             reward = 0.0
@@ -265,7 +297,7 @@ class ToolEnv(gym.Env[str, str]):
         assert parsed.tool_name is not None
         start = time.perf_counter()
         try:
-            output = self.tools[parsed.tool_name](**parsed.arguments)
+            output = resolve(self.tools[parsed.tool_name](**parsed.arguments))
             if not isinstance(output, str):
                 output = str(output)
         except Exception as exc:  # a tool bug must not end the training run
@@ -290,6 +322,7 @@ class ToolEnv(gym.Env[str, str]):
     def _info(self, **extra: Any) -> dict[str, Any]:
         assert self.task is not None
         return {
+            "tools": self.tool_schemas,  # on every step: wrappers may start mid-episode
             "messages": self.messages,
             "task_id": self.task.id,
             "turn": self._turn,

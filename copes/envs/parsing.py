@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from copes.envs.tools.base import Tool, arguments_from_text, check_arguments
@@ -54,6 +54,7 @@ class ParsedTurn:
     answer: str | None = None
     error: str | None = None
     note: str | None = None  # e.g. "only the first of 2 tool calls ran"
+    span: tuple[int, int] | None = None  # where the call or answer sits in the turn text
 
 
 def split_reasoning(text: str) -> tuple[str | None, str, bool]:
@@ -80,6 +81,10 @@ def split_reasoning(text: str) -> tuple[str | None, str, bool]:
             return rest[:call].strip("\n"), rest[call:], False
         return rest.strip("\n"), "", True
     return None, text, False
+
+
+# `<name>...</name>` of a tool the env does not have (tags format): say so, not "no call".
+_UNKNOWN_TAG = re.compile(r"<([A-Za-z_][\w\-]*)>.*?</\1>", re.DOTALL)
 
 
 def last_boxed(text: str) -> str | None:
@@ -191,12 +196,16 @@ class TurnParser:
                 f"the <{first.tag}> content is {len(first.content)} characters, over the limit "
                 f"of {self.max_call_chars}"
             )
-        if not first.content.strip():
+        takes_nothing = first.tag in self.tools and not self.tools[first.tag].parameters.get(
+            "required"
+        )
+        if not first.content.strip() and not takes_nothing:  # `<clock></clock>` is a call
             return self.invalid(f"the <{first.tag}> tag is empty")
+        span = (first.start, first.end)
         if first.tag == ANSWER_TAG:
             answer = first.content.strip()
             boxed = last_boxed(answer) if self.accept_boxed else None
-            return ParsedTurn(kind="answer", answer=(boxed or answer).strip())
+            return ParsedTurn(kind="answer", answer=(boxed or answer).strip(), span=span)
         more = sum(1 for s in spans[1:] if s.tag != ANSWER_TAG)
         note = (
             f"Note: only the first of {more + 1} tool calls was run; make one call per turn."
@@ -209,10 +218,8 @@ class TurnParser:
             parsed = self._hermes_call(first.content)
         else:
             parsed = self._tag_call(first.tag, first.content)
-        if parsed.kind == "tool_call" and note:
-            return ParsedTurn(
-                kind="tool_call", tool_name=parsed.tool_name, arguments=parsed.arguments, note=note
-            )
+        if parsed.kind == "tool_call":
+            return replace(parsed, note=note, span=span)
         return parsed
 
     def _no_tags(self, text: str) -> ParsedTurn:
@@ -222,6 +229,9 @@ class TurnParser:
                 return ParsedTurn(kind="answer", answer=boxed.strip())
         if not text.strip():
             return self.invalid("the turn is empty")
+        if self.call_format == "tags" and (tag := _UNKNOWN_TAG.search(text)):
+            known = ", ".join(self.tools) or "none"
+            return self.invalid(f"unknown tool '{tag.group(1)}' (available: {known})")
         return self.invalid("no tool call and no final answer found")
 
     def _tag_call(self, name: str, content: str) -> ParsedTurn:
@@ -289,7 +299,8 @@ class TurnParser:
         body = text.strip()
         if not (body.startswith("{") and body.endswith("}")):
             return None
-        return self._json_call(body, "the tool call")
+        parsed = self._json_call(body, "the tool call")
+        return replace(parsed, span=(0, len(text))) if parsed.kind == "tool_call" else parsed
 
     def _checked(self, tool: Tool, arguments: dict[str, Any]) -> ParsedTurn:
         problem = check_arguments(tool, arguments)

@@ -81,7 +81,10 @@ def test_second_call_is_reported_not_run(tags):
         ("<python>" + "x" * 500 + "</python>", "over the limit"),
         ("", "empty"),
         ("I think the answer is 4", "no tool call"),
-        ("<calculator>1+1</calculator>", "no tool call"),
+        (
+            "<calculator>1+1</calculator>",
+            "unknown tool 'calculator' (available: python, search, convert)",
+        ),
         ("<answer></answer>", "empty"),
         ('<convert>{"value": "3"}</convert>', "missing required"),
         ('<convert>{"value": "x", "unit": "km"}</convert>', "must be of type number"),

@@ -9,7 +9,9 @@ optional `reset(task)` and `close()` hooks, which the environment calls at `rese
 
 from __future__ import annotations
 
+import functools
 import inspect
+import json
 import re
 import types
 import typing
@@ -61,32 +63,52 @@ def tool_schema(tool: Tool) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------
 # Argument checking: the environment turns bad calls into messages, never exceptions.
 
-_JSON_TYPES: dict[str, tuple[type, ...]] = {
-    "string": (str,),
-    "integer": (int,),
-    "number": (int, float),
-    "boolean": (bool,),
-    "array": (list, tuple),
-    "object": (dict,),
-}
+
+@functools.lru_cache(maxsize=256)
+def _validator(parameters_json: str) -> Any:
+    """A jsonschema validator of a tool's arguments (one per distinct schema). Unknown
+    arguments are refused unless the schema says `additionalProperties`."""
+    import jsonschema
+
+    schema = {"additionalProperties": False, **json.loads(parameters_json), "type": "object"}
+    return jsonschema.Draft202012Validator(schema)
 
 
-def _matches(value: Any, schema: Mapping[str, Any]) -> bool:
-    expected = schema.get("type")
-    if "enum" in schema and value not in schema["enum"]:
-        return False
-    if expected is None:
-        return True
-    types_ = expected if isinstance(expected, list) else [expected]
-    for name in types_:
-        if name == "null" and value is None:
-            return True
-        py = _JSON_TYPES.get(name)
-        # bool is an int in Python but not in JSON schema.
-        is_bool_as_number = name in ("integer", "number") and isinstance(value, bool)
-        if py and isinstance(value, py) and not is_bool_as_number:
-            return True
-    return False
+def check_arguments(tool: Tool, arguments: Mapping[str, Any]) -> str | None:
+    """Why `arguments` do not fit `tool.parameters` (validated by jsonschema), or None when
+    they do; the message names the argument and what was expected, for the agent to fix."""
+    props: Mapping[str, Any] = tool.parameters.get("properties", {})
+    validator = _validator(json.dumps(tool.parameters, sort_keys=True, default=str))
+    errors = sorted(validator.iter_errors(dict(arguments)), key=_error_order)
+    if not errors:
+        return None
+    error = errors[0]
+    if error.validator == "required":
+        missing = [n for n in tool.parameters.get("required", []) if n not in arguments]
+        return f"missing required argument(s) {', '.join(missing)} for tool '{tool.name}'"
+    if error.validator == "additionalProperties" and not error.path:
+        unknown = [name for name in arguments if name not in props]
+        expected = ", ".join(props) or "none"
+        return (
+            f"unknown argument(s) {', '.join(unknown)} for tool '{tool.name}' "
+            f"(it takes: {expected})"
+        )
+    name = str(error.path[0]) if error.path else "?"
+    schema = props.get(name, {})
+    wanted = f"of type {schema.get('type')}" if "type" in schema else "valid"
+    if "enum" in schema:
+        wanted += f" in {schema['enum']}"
+    value = arguments.get(name)
+    return (
+        f"argument '{name}' of tool '{tool.name}' must be {wanted}, got "
+        f"{type(value).__name__} {value!r:.60} ({error.message:.120})"
+    )
+
+
+def _error_order(error: Any) -> tuple[int, int]:
+    """Missing and unknown arguments first: they are what the agent most often gets wrong."""
+    rank = {"required": 0, "additionalProperties": 1}.get(error.validator, 2)
+    return rank, len(error.path)
 
 
 def _coerce_text(text: str, schema: Mapping[str, Any]) -> Any:
@@ -105,40 +127,15 @@ def _coerce_text(text: str, schema: Mapping[str, Any]) -> Any:
     return text
 
 
-def check_arguments(tool: Tool, arguments: Mapping[str, Any]) -> str | None:
-    """Why `arguments` do not fit `tool.parameters`, or None when they do."""
-    props: Mapping[str, Any] = tool.parameters.get("properties", {})
-    required = tool.parameters.get("required", [])
-    missing = [name for name in required if name not in arguments]
-    if missing:
-        return f"missing required argument(s) {', '.join(missing)} for tool '{tool.name}'"
-    unknown = [name for name in arguments if name not in props]
-    if unknown and not tool.parameters.get("additionalProperties", False):
-        expected = ", ".join(props) or "none"
-        return (
-            f"unknown argument(s) {', '.join(unknown)} for tool '{tool.name}' "
-            f"(it takes: {expected})"
-        )
-    for name, value in arguments.items():
-        schema = props.get(name)
-        if schema is not None and not _matches(value, schema):
-            return (
-                f"argument '{name}' of tool '{tool.name}' must be of type "
-                f"{schema.get('type')}{' in ' + str(schema['enum']) if 'enum' in schema else ''}"
-                f", got {type(value).__name__} {value!r:.60}"
-            )
-    return None
-
-
 def arguments_from_text(tool: Tool, text: str) -> dict[str, Any] | str:
     """Map the content of a `<name>...</name>` tag onto the tool's arguments.
 
     A one-parameter tool takes the content as that parameter (converted to its type); a
     tool with several parameters takes a JSON object. Returns an error message on failure.
     """
-    import json
-
     props: Mapping[str, Any] = tool.parameters.get("properties", {})
+    if not text.strip() and not tool.parameters.get("required"):
+        return {}  # `<clock></clock>`: a call with no arguments
     if len(props) == 1:
         ((name, schema),) = props.items()
         return {name: _coerce_text(text, schema)}
@@ -232,10 +229,49 @@ class FunctionTool:
     parameters: dict[str, Any] = field(default_factory=dict)
 
     def __call__(self, **kwargs: Any) -> str:
-        result = self.fn(**kwargs)
+        result = resolve(self.fn(**kwargs))
         return result if isinstance(result, str) else str(result)
 
 
+def resolve(value: Any) -> Any:
+    """The result of a tool call: an awaitable (an `async def` tool) is run to completion,
+    in this thread's own event loop, or in a fresh thread when one is already running here
+    (a user stepping the env from async code)."""
+    if not inspect.isawaitable(value):
+        return value
+    import asyncio
+
+    async def wait() -> Any:
+        return await value
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(wait())
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, wait()).result()
+
+
+def as_tool(candidate: Any) -> Tool:
+    """A `Tool` as it is; a plain (or `async`) function through `@tool`, so
+    ``extra_tools=[my_function]`` works. Anything else is a TypeError that says what a tool
+    needs."""
+    if all(hasattr(candidate, attr) for attr in ("name", "description", "parameters")):
+        return candidate
+    if inspect.isfunction(candidate) or inspect.ismethod(candidate):
+        return tool(candidate)
+    raise TypeError(
+        f"{candidate!r} is not a tool: pass a function (its signature and docstring become "
+        "the schema) or an object with name, description, parameters and __call__"
+    )
+
+
+# Our own schema builder, not transformers.utils.get_json_schema: that one refuses any
+# function with an argument its docstring does not describe (DocstringParsingException), and
+# a quick tool from a user often documents only some; it also drops defaults, which the
+# tags prompt shows.
 def tool(
     fn: Callable[..., Any] | None = None,
     *,
