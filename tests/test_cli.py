@@ -28,3 +28,12 @@ def test_readme_main_job_parses_into_the_settings_it_promises():
     assert (config.optimizer, config.env, config.model) == ("copes", "ToolMath-v0", "tiny")
     assert config.invalid_penalty > 0 and config.steps <= 30  # the shaping that moves it
     assert optimizer["num_subspaces"] >= 2 and optimizer["antithetic"] is True
+
+
+def test_every_flag_of_both_commands_has_help():
+    from copes.cli import train_parser
+    from copes.evaluation.cli import build_parser
+
+    for parser in (train_parser()[0], build_parser()):
+        missing = [a.option_strings for a in parser._actions if a.option_strings and not a.help]
+        assert not missing, (parser.prog, missing)

@@ -63,14 +63,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="samples per problem (>= every k)",
     )
     parser.add_argument("--baseline", help="a second model, evaluated into OUT/baseline/")
-    parser.add_argument("--backend", choices=("hf", "vllm"), default="hf")
+    parser.add_argument(
+        "--backend",
+        choices=("hf", "vllm"),
+        default="hf",
+        help="generation backend: hf (transformers, CPU or GPU) or vllm (GPU; docs/gpu.md)",
+    )
     parser.add_argument(
         "--tensor-parallel-size", type=int, default=1, help="vllm: GPUs one engine spans"
     )
     parser.add_argument("--data-dir", help="local benchmark files (see docs/evaluation.md)")
     parser.add_argument("--limit", type=int, help="first N problems of each benchmark")
     parser.add_argument("--temperature", type=float, default=0.6, help="0 = greedy")
-    parser.add_argument("--top-p", type=float, default=0.95)
+    parser.add_argument(
+        "--top-p", type=float, default=0.95, help="nucleus sampling: keep this much mass"
+    )
     parser.add_argument("--max-new-tokens", type=int, default=512, help="per turn")
     parser.add_argument("--max-turns", type=int, default=4, help="agent turns per episode")
     parser.add_argument(
