@@ -186,8 +186,14 @@ def dry_run(config: Any, optimizer_overrides: dict[str, Any]) -> dict[str, Any]:
     from copes.agents.hf import resolve_model_path
     from copes.optimizers.memory import ModelShape, compare_optimizers
 
-    path = resolve_model_path(config.model)
-    shape = ModelShape.from_config(AutoConfig.from_pretrained(path))
+    if config.model == "tiny":  # its shape, without building it (a few minutes)
+        from copes.agents.tiny import model_config
+
+        path, model_config_ = "tiny (shape from TinyAgentConfig; not built)", model_config()
+    else:  # a folder's or the hub's config.json: no weights are read
+        path = resolve_model_path(config.model)
+        model_config_ = AutoConfig.from_pretrained(path)
+    shape = ModelShape.from_config(model_config_)
     seq_len = config.max_context or config.max_turns * config.max_new_tokens + 512
     estimates = compare_optimizers(shape, seq_len, generation_batch_size=config.batch_size)
     memory = {

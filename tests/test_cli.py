@@ -37,3 +37,18 @@ def test_every_flag_of_both_commands_has_help():
     for parser in (train_parser()[0], build_parser()):
         missing = [a.option_strings for a in parser._actions if a.option_strings and not a.help]
         assert not missing, (parser.prog, missing)
+
+
+def test_dry_run_on_tiny_builds_nothing_and_gives_the_built_agents_shape(
+    tmp_path, monkeypatch, capsys, tiny_agent_dir
+):
+    import json
+
+    from copes.cli import train_main
+
+    monkeypatch.setenv("COPES_CACHE", str(tmp_path / "cache"))
+    assert train_main(["--dry-run", "--model", "tiny"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert not (tmp_path / "cache").exists()  # no agent built
+    built = json.loads((tiny_agent_dir / "copes_tiny.json").read_text())
+    assert plan["model"]["parameters"] == built["parameters"]

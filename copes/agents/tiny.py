@@ -234,12 +234,20 @@ def copy_drills(tokenizer: Any, n: int, seed: int) -> list[tuple[list[int], list
 
 
 # ---------------------------------------------------------------------- model
-def build_model(tokenizer: Any, config: TinyAgentConfig) -> Any:
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+def model_config(
+    config: TinyAgentConfig | None = None,
+    vocab_size: int | None = None,
+    eos_token_id: int | None = None,
+    pad_token_id: int | None = None,
+) -> Any:
+    """The agent's transformers config. Without a tokenizer's figures (`copes-train --dry-run`,
+    which must not build anything) the vocabulary is what the tokenizer training gives: the
+    BPE vocabulary plus the tool tags."""
+    from transformers import Qwen2Config
 
-    torch.manual_seed(config.seed)
-    model_config = Qwen2Config(
-        vocab_size=len(tokenizer),
+    config = config or TinyAgentConfig()
+    return Qwen2Config(
+        vocab_size=vocab_size or config.vocab_size + len(TAG_TOKENS),
         hidden_size=config.hidden_size,
         intermediate_size=config.intermediate_size,
         num_hidden_layers=config.num_layers,
@@ -249,10 +257,18 @@ def build_model(tokenizer: Any, config: TinyAgentConfig) -> Any:
         tie_word_embeddings=True,
         rope_theta=10000.0,
         bos_token_id=None,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
     )
-    model = Qwen2ForCausalLM(model_config)
+
+
+def build_model(tokenizer: Any, config: TinyAgentConfig) -> Any:
+    from transformers import GenerationConfig, Qwen2ForCausalLM
+
+    torch.manual_seed(config.seed)
+    model = Qwen2ForCausalLM(
+        model_config(config, len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id)
+    )
     model.generation_config = GenerationConfig(
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
     )
