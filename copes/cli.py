@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 SHARED_WITH_TRAIN = {"seed"}  # optimizer fields that take the run's value
+# Other names of a flag: the run folder is --output-dir in copes-eval and in TRL too.
+ALIASES = {"out_dir": ("--output-dir",)}
 
 
 def _base_type(annotation: Any) -> Any:
@@ -59,8 +61,9 @@ def add_dataclass_flags(
             group.add_argument(flag, dest=f.name, nargs="+", default=None, help=text)
         else:
             group.add_argument(
-                flag, dest=f.name, type=kind, default=None, choices=choices, help=text
-            )
+                flag, *ALIASES.get(f.name, ()), dest=f.name, type=kind, default=None,
+                choices=choices, help=text,
+            )  # fmt: skip
         names.append(f.name)
     return names
 

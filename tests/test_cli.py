@@ -52,3 +52,13 @@ def test_dry_run_on_tiny_builds_nothing_and_gives_the_built_agents_shape(
     assert not (tmp_path / "cache").exists()  # no agent built
     built = json.loads((tiny_agent_dir / "copes_tiny.json").read_text())
     assert plan["model"]["parameters"] == built["parameters"]
+
+
+def test_both_commands_take_output_dir():
+    from copes.cli import parse_train_args
+    from copes.evaluation.cli import build_parser
+
+    config, _, _ = parse_train_args(["--output-dir", "runs/x"])
+    assert config.out_dir == "runs/x"
+    assert build_parser().parse_args(["--output-dir", "e", "--model", "m"]).out == "e"
+    assert build_parser().parse_args(["--out", "e", "--model", "m"]).out == "e"

@@ -122,7 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--debug", action="store_true", help="show the traceback of a user error too"
     )
-    parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument(
+        "--output-dir", "--out", dest="out", required=True, help="output folder (--out too)"
+    )
     return parser
 
 
