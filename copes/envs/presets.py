@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from copes.envs.core import ToolEnv
 from copes.envs.parsing import CallFormat
-from copes.envs.rewards.graders import MathGrader, QAGrader
+from copes.envs.rewards.graders import MathGrader, QAGrader, as_grader
 from copes.envs.tasks.base import Task
 from copes.envs.tools.base import Tool
 
@@ -84,11 +84,13 @@ def tool_math_env(
     task_seed: int = 0,
     python_timeout: float = 10.0,
     grader_timeout: float = 5.0,
+    grader: Any = None,
     **env_kwargs: Any,
 ) -> ToolEnv:
     """ToolMath-v0: math problems, a sandboxed Python (sympy) tool, a symbolic-equality grader.
 
-    `tasks` overrides `benchmark`; `tools` replaces the Python tool; `extra_tools` adds to it.
+    `tasks` overrides `benchmark`; `tools` replaces the Python tool; `extra_tools` adds to it;
+    `grader` (``fn(answer, task)`` -> Grade, bool or reward) replaces symbolic equality.
     """
     tasks = _resolve_tasks(
         tasks, "math", "ToolMath", benchmark, split, source, data_dir, limit, task_seed
@@ -101,7 +103,7 @@ def tool_math_env(
     return ToolEnv(
         tasks,
         [*tools, *extra_tools],
-        MathGrader(timeout=grader_timeout),
+        as_grader(grader, MathGrader(timeout=grader_timeout)),
         max_turns=max_turns,
         call_format=call_format,
         **env_kwargs,
@@ -124,6 +126,7 @@ def tool_qa_env(
     top_k: int = 3,
     corpus_index: str | Path | None = None,
     reward_metric: Literal["f1", "em"] = "f1",
+    grader: Any = None,
     **env_kwargs: Any,
 ) -> ToolEnv:
     """ToolQA-v0: multi-hop questions, a BM25 search tool, an EM/F1 grader.
@@ -153,7 +156,7 @@ def tool_qa_env(
     return ToolEnv(
         tasks,
         [*tools, *extra_tools],
-        QAGrader(metric=reward_metric),
+        as_grader(grader, QAGrader(metric=reward_metric)),
         max_turns=max_turns,
         call_format=call_format,
         **env_kwargs,

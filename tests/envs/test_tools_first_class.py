@@ -116,3 +116,21 @@ def test_native_calls_are_openai_tool_calls_with_ids():
 def test_something_that_is_not_a_tool_is_refused_clearly():
     with pytest.raises(TypeError, match="is not a tool: pass a function"):
         tool_math_env(tasks=[TASK], extra_tools=[42])
+
+
+def test_gym_make_takes_a_grader_function():
+    """`gym.make(..., grader=fn)` raised "got multiple values for argument 'grader'"."""
+    import gymnasium as gym
+
+    def lowest_terms(answer, task):  # a per-task rule the symbolic grader cannot know
+        return answer.strip() == task.answers[0]
+
+    task = Task(id="f", question="Simplify 92/524.", answers=("23/131",), kind="math")
+    env = gym.make("copes:ToolMath-v0", tasks=[task], grader=lowest_terms)
+    try:
+        env.reset(options={"task": task})
+        assert env.step("<answer>92/524</answer>")[1] == 0.0  # equal, but not in lowest terms
+        env.reset(options={"task": task})
+        assert env.step("<answer>23/131</answer>")[1] == 1.0
+    finally:
+        env.close()

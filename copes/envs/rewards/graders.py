@@ -25,6 +25,36 @@ class Grader(Protocol):
     def __call__(self, answer: str, task: Task) -> Grade: ...
 
 
+class FunctionGrader:
+    """A user's grading function as a `Grader`: ``fn(answer, task)`` may return a `Grade`, a
+    bool (correct: reward 1, else 0) or a number (the reward; correct when it is 1)."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def __call__(self, answer: str, task: Task) -> Grade:
+        verdict = self.fn(answer, task)
+        if isinstance(verdict, Grade):
+            return verdict
+        if isinstance(verdict, bool):
+            return Grade(float(verdict), verdict, {"prediction": answer})
+        if isinstance(verdict, (int, float)):
+            return Grade(float(verdict), float(verdict) == 1.0, {"prediction": answer})
+        raise TypeError(
+            f"grader {getattr(self.fn, '__name__', self.fn)!r} returned "
+            f"{type(verdict).__name__}; return a Grade, a bool or a number"
+        )
+
+
+def as_grader(candidate: Any, default: Grader) -> Grader:
+    """`default` for None; a `Grade`-returning grader or a plain function otherwise."""
+    if candidate is None:
+        return default
+    if not callable(candidate):
+        raise TypeError(f"grader must be callable as grader(answer, task), got {candidate!r}")
+    return FunctionGrader(candidate)
+
+
 class MathGrader:
     """Reward 1 when the answer is mathematically equal to a gold answer, else 0."""
 
