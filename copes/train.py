@@ -339,12 +339,10 @@ class Trainer:
         from tqdm.auto import tqdm
 
         c = self.config
-        # Accept the run before writing anything into its folder.
+        # Accept the run before writing anything into its folder (a fresh run's folder was
+        # checked, and created, before the model was loaded).
         if c.resume:
             self._check_resume_settings()
-        else:
-            self._check_fresh_run_dir()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         self._write_run_config()
         self.log = MetricsLog(self.run_dir, tensorboard=c.tensorboard)
         if c.resume:

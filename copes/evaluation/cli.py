@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from copes.envs.parsing import CALL_FORMATS
 from copes.evaluation.benchmarks import EVAL_BENCHMARKS
 
 logger = logging.getLogger(__name__)
@@ -83,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--call-format",
         default="tags",
-        choices=("tags", "native", "hermes", "qwen-xml", "llama-json"),
+        choices=("native", *CALL_FORMATS),
         help="tool calls: tags, or native (what the model's chat template teaches)",
     )
     parser.add_argument(
