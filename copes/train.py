@@ -40,7 +40,11 @@ RESUMABLE_CHANGES = frozenset(
         "checksum_every", "gpu_memory_utilization",
     }
 )  # fmt: skip
-ENVS = {"ToolMath-v0": "synthetic-math", "ToolQA-v0": "synthetic-qa"}
+# Each preset env's tasks when no --benchmark is given (other envs: a benchmark registered
+# with that env, `default_benchmark`).
+DEFAULT_BENCHMARKS = {"ToolMath-v0": "synthetic-math", "ToolQA-v0": "synthetic-qa"}
+# What the trainer itself passes to every env factory, so --env-kwargs may not set it.
+TRAINER_ENV_KWARGS = ("tasks", "max_turns", "invalid_penalty", "call_format")
 
 
 @dataclass
@@ -48,12 +52,26 @@ class TrainConfig:
     """Run settings (each is a `copes-train` flag); optimizer settings live in their configs."""
 
     optimizer: str = flag("es, copes, grpo or lora-grpo", "copes")
-    env: str = flag("ToolMath-v0 or ToolQA-v0", "ToolMath-v0")
+    env: str | None = flag(
+        "Gymnasium id of a copes ToolEnv: ToolMath-v0, ToolQA-v0, or any registered id "
+        "(module:Id imports module first) (default: the benchmark's env, else ToolMath-v0)",
+        None,
+    )
+    env_kwargs: str | None = flag(
+        "JSON object for the env's factory, e.g. '{\"python_timeout\": 5}'", None
+    )
     model: str = flag("'tiny', a local Hugging Face folder or a hub id", "tiny")
     out_dir: str = flag("run folder: metrics, checkpoints, logs", "runs/copes")
-    benchmark: str | None = flag("training data (default: the env's synthetic tasks)", None)
-    train_split: str = flag("split trained on", "train")
-    eval_split: str = flag("held-out split validated on", "validation")
+    benchmark: str | None = flag(
+        "training data: a registered benchmark (copes.registry: gsm8k, rg:<dataset>, another "
+        "package's) (default: the env's synthetic tasks, or the one benchmark registered "
+        "for the env)",
+        None,
+    )
+    train_split: str | None = flag("split trained on (default: the benchmark's, train)", None)
+    eval_split: str | None = flag(
+        "held-out split validated on (default: the benchmark's, validation)", None
+    )
     data_dir: str | None = flag("folder of local benchmark files", None)
     num_train_tasks: int = flag("tasks in the training pool (synthetic: generated)", 1000)
     steps: int | None = flag("budget: optimizer steps", 20)
@@ -105,8 +123,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {self.optimizer!r}; choose one of {OPTIMIZERS}")
-        if self.env not in ENVS:
-            raise ValueError(f"unknown env {self.env!r}; choose one of {sorted(ENVS)}")
+        self._resolve_env_and_benchmark()
         budgets = (self.steps, self.max_tokens, self.max_seconds)
         if all(b is None for b in budgets):
             raise ValueError("no budget: set steps, max_tokens or max_seconds")
@@ -134,6 +151,81 @@ class TrainConfig:
                 f"--workers spreads an ES/CoPES population over Ray actors; {self.optimizer} "
                 "trains in one process (use --workers 0)"
             )
+
+    def _resolve_env_and_benchmark(self) -> None:
+        """Fill in the env and benchmark each other's defaults, and check both exist."""
+        from copes.registry import benchmark_names, get_benchmark
+
+        benchmark_names()  # other packages' entry points register their benchmarks and envs
+        benchmark = None if self.benchmark is None else get_benchmark(self.benchmark)
+        if self.env is None:
+            self.env = "ToolMath-v0" if benchmark is None else benchmark.env_id
+        check_env_id(self.env)
+        if self.benchmark is None:
+            self.benchmark = default_benchmark(self.env)
+            benchmark = get_benchmark(self.benchmark)
+        assert benchmark is not None
+        if self.train_split is None:
+            self.train_split = benchmark.train_split
+        if self.eval_split is None:
+            self.eval_split = benchmark.eval_split
+        parse_env_kwargs(self.env_kwargs)
+
+
+def check_env_id(env_id: str) -> None:
+    """`env_id` is registered with Gymnasium (``module:Id`` imports module first)."""
+    import importlib
+
+    import gymnasium as gym
+
+    module, _, name = env_id.rpartition(":")
+    if module:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            raise ValueError(f"--env {env_id}: cannot import {module!r} ({exc})") from None
+    if name not in gym.registry:
+        copes_ids = sorted(i for i in gym.registry if i.startswith(("ToolMath", "ToolQA")))
+        raise ValueError(
+            f"unknown env {env_id!r}: not a registered Gymnasium id; copes registers "
+            f"{', '.join(copes_ids[:2])} (and per-benchmark ids), other packages register "
+            "theirs when imported (use module:Id)"
+        )
+
+
+def default_benchmark(env_id: str) -> str:
+    """The tasks an env trains on without --benchmark: a preset's synthetic tasks, else the
+    one benchmark registered for that env."""
+    from copes.registry import iter_benchmarks
+
+    name = env_id.rpartition(":")[2]
+    if name in DEFAULT_BENCHMARKS:
+        return DEFAULT_BENCHMARKS[name]
+    mine = [b.name for b in iter_benchmarks() if b.env is not None and b.env_id in (env_id, name)]
+    if len(mine) == 1:
+        return mine[0]
+    raise ValueError(
+        f"--env {env_id} has no default tasks ({len(mine)} benchmarks are registered for it"
+        f"{': ' + ', '.join(mine) if mine else ''}); pass --benchmark NAME"
+    )
+
+
+def parse_env_kwargs(text: str | None) -> dict[str, Any]:
+    if text is None:
+        return {}
+    try:
+        kwargs = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--env-kwargs is not JSON ({exc.msg}): {text!r}") from None
+    if not isinstance(kwargs, dict):
+        raise ValueError(f"--env-kwargs must be a JSON object, got {text!r}")
+    taken = sorted(set(kwargs) & set(TRAINER_ENV_KWARGS))
+    if taken:
+        raise ValueError(
+            f"--env-kwargs sets {', '.join(taken)}, which the trainer sets itself; use "
+            "--benchmark for tasks and --max-turns, --invalid-penalty, --call-format"
+        )
+    return kwargs
 
 
 # ---------------------------------------------------------------------- rollouts
@@ -194,27 +286,55 @@ class TaskRollout:
 def load_tasks_for(config: TrainConfig, split: str, limit: int) -> list[Any]:
     from copes.envs.presets import load_tasks
 
-    benchmark = config.benchmark or ENVS[config.env]
+    assert config.benchmark is not None  # resolved by TrainConfig
     tasks = load_tasks(
-        benchmark, split, data_dir=config.data_dir, limit=limit, task_seed=config.seed
+        config.benchmark, split, data_dir=config.data_dir, limit=limit, task_seed=config.seed
     )
     if not tasks:
-        raise ValueError(f"benchmark {benchmark!r} split {split!r} has no tasks")
+        raise ValueError(f"benchmark {config.benchmark!r} split {split!r} has no tasks")
     return tasks
 
 
 def env_factory(config: TrainConfig, call_format: str = "tags") -> Callable[[], Any]:
-    """Builds the run's environments; `call_format` is resolved (`resolve_call_format`)."""
-    from copes.envs.presets import tool_math_env, tool_qa_env
+    """Builds the run's environments (`gym.make` of --env with the benchmark's env kwargs,
+    its grader and --env-kwargs); `call_format` is resolved (`resolve_call_format`)."""
+    import gymnasium as gym
 
-    make = tool_math_env if config.env == "ToolMath-v0" else tool_qa_env
+    from copes.envs.core import ToolEnv
+    from copes.registry import get_benchmark
+
+    assert config.env is not None and config.benchmark is not None  # resolved by TrainConfig
+    benchmark = get_benchmark(config.benchmark)
+    kwargs = dict(benchmark.env_kwargs)
+    if benchmark.grader is not None:
+        kwargs["grader"] = benchmark.grader
+    kwargs.update(parse_env_kwargs(config.env_kwargs))
     placeholder = load_tasks_for(config, config.train_split, 1)
-    return lambda: make(
-        tasks=placeholder,
-        max_turns=config.max_turns,
-        invalid_penalty=config.invalid_penalty,
-        call_format=call_format,
-    )
+
+    def make() -> Any:
+        return gym.make(
+            config.env, tasks=placeholder, max_turns=config.max_turns,
+            invalid_penalty=config.invalid_penalty, call_format=call_format,
+            disable_env_checker=True, **kwargs,
+        )  # fmt: skip
+
+    try:
+        probe = make()
+    except TypeError as exc:
+        reason = str(exc).split(" with kwargs")[0][:160]
+        raise UserError(
+            f"--env {config.env} is not a copes ToolEnv factory: it refused tasks=, max_turns=, "
+            f"invalid_penalty=, call_format= or --env-kwargs ({reason})"
+        ) from None
+    if not isinstance(probe.unwrapped, ToolEnv):
+        probe.close()
+        raise UserError(
+            f"--env {config.env} makes a {type(probe.unwrapped).__name__}, not a copes ToolEnv; "
+            "copes-train needs ToolEnv's text turns and reset(options={'task': ...}): build "
+            "your env with copes.envs.ToolEnv or a preset (tool_math_env(extra_tools=[...]))"
+        )
+    probe.close()
+    return make
 
 
 def build_policy(config: TrainConfig) -> Any:
@@ -304,11 +424,13 @@ class Trainer:
             from transformers.utils import logging as transformers_logging
 
             transformers_logging.disable_progress_bar()
+        # Data and env first: a missing file or a foreign env fails before the model loads.
+        train_tasks = load_tasks_for(c, c.train_split, c.num_train_tasks)
+        eval_tasks = load_tasks_for(c, c.eval_split, c.eval_tasks)
+        env_factory(c)
         torch.manual_seed(c.seed)
         self.policy = build_policy(c)
         self.optimizer = build_optimizer(c, self.optimizer_overrides, self.policy)
-        train_tasks = load_tasks_for(c, c.train_split, c.num_train_tasks)
-        eval_tasks = load_tasks_for(c, c.eval_split, c.eval_tasks)
         from copes.agents.chat import resolve_call_format
 
         self.call_format = resolve_call_format(c.call_format, self.policy.chat)

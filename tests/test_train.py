@@ -99,8 +99,17 @@ def test_es_resume_after_sigkill_is_bit_identical(tmp_path, tiny):
 def test_errors_are_clear(tmp_path, tiny, capsys):
     assert train_main(["--optimizer", "adam"]) == 2
     assert "unknown optimizer" in capsys.readouterr().err
+    assert train_main(["--env", "NoSuchEnv-v0"]) == 2
+    assert "unknown env 'NoSuchEnv-v0'" in capsys.readouterr().err
     assert train_main(["--env", "CartPole-v1"]) == 2
-    assert "unknown env" in capsys.readouterr().err
+    assert "--env CartPole-v1 has no default tasks" in capsys.readouterr().err
+    out = str(tmp_path / "cartpole")
+    assert (
+        train_main(["--env", "CartPole-v1", "--benchmark", "synthetic-math", "--out-dir", out]) == 2
+    )
+    assert "not a copes ToolEnv" in capsys.readouterr().err
+    assert train_main(["--env-kwargs", '{"max_turns": 2}']) == 2
+    assert "--max-turns" in capsys.readouterr().err
     assert train_main(["--steps", "0"]) == 2
     assert "positive" in capsys.readouterr().err
     assert train_main(["--model", str(tmp_path / "nope"), "--out-dir", str(tmp_path / "r")]) == 2

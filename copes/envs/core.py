@@ -145,9 +145,17 @@ class ToolEnv(gym.Env[str, str]):
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
         self.tasks = list(tasks)
+        from copes.envs.rewards.checks import unknown_checks, with_checks
+
+        unknown = sorted({c for t in self.tasks for c in unknown_checks(t.checks)})
+        if unknown:
+            raise ValueError(
+                f"tasks name unknown answer checks {unknown}; register them with "
+                "copes.envs.rewards.checks.register_answer_check, or fix the tasks' checks"
+            )
         self.tools: dict[str, Tool] = {t.name: t for t in tools}
         self._schemas = [tool_schema(t) for t in tools]
-        self.grader = grader
+        self.grader = with_checks(grader)  # each task's answer checks, whatever the grader
         self.max_turns = max_turns
         self.call_format = call_format
         self.invalid_penalty = invalid_penalty
@@ -280,6 +288,10 @@ class ToolEnv(gym.Env[str, str]):
             task = options["task"]
             if not isinstance(task, Task):
                 raise TypeError(f'options["task"] must be a Task, got {type(task).__name__}')
+            from copes.envs.rewards.checks import unknown_checks
+
+            if unknown := unknown_checks(task.checks):
+                raise ValueError(f"task {task.id!r} names unknown answer checks {unknown}")
             return task
         if "task_id" in options:
             try:

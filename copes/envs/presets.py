@@ -6,7 +6,7 @@ and split, pass their own tasks, replace the tools, or add one with ``extra_tool
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,7 +17,6 @@ from copes.envs.tasks.base import Task
 from copes.envs.tools.base import Tool
 
 MATH_SYSTEM_PROMPT = None  # the tiny agent and base models do best with the task alone
-DEFAULT_NUM_SYNTHETIC_TASKS = 1000
 
 
 def load_tasks(
@@ -29,23 +28,18 @@ def load_tasks(
     limit: int | None = None,
     task_seed: int = 0,
 ) -> list[Task]:
-    """Tasks of a benchmark by name (synthetic generators included), as envs and evals use them."""
-    if benchmark in ("synthetic-math", "synthetic-qa"):
-        from copes.envs.tasks import synthetic
+    """Tasks of a registered benchmark (`copes.registry`), as envs and training use them."""
+    from copes.registry import get_benchmark
 
-        generate = (
-            synthetic.synthetic_math_tasks
-            if benchmark == "synthetic-math"
-            else synthetic.synthetic_qa_tasks
-        )
-        return generate(split or "train", limit or DEFAULT_NUM_SYNTHETIC_TASKS, seed=task_seed)
-    from copes.envs.tasks.registry import load_benchmark
-
-    return load_benchmark(benchmark, source=source, split=split, limit=limit, data_dir=data_dir)
+    spec = get_benchmark(benchmark)
+    return spec.load_tasks(
+        split=split, limit=limit, data_dir=None if spec.generated else data_dir, source=source,
+        seed=task_seed if spec.generated else None,
+    )  # fmt: skip
 
 
 def _resolve_tasks(
-    tasks: Sequence[Task] | None,
+    tasks: Any,
     kind: str,
     env_name: str,
     benchmark: str,
@@ -54,12 +48,19 @@ def _resolve_tasks(
     data_dir: str | Path | None,
     limit: int | None,
     task_seed: int,
+    columns: Mapping[str, str] | None,
 ) -> Sequence[Task]:
-    """The user's tasks, or the benchmark's; all of them must be of the env's kind."""
+    """The user's tasks (Tasks, dicts, a file or a Dataset), or the benchmark's; all of them
+    must be of the env's kind."""
     if tasks is None:
         tasks = load_tasks(
-            benchmark, split, source=source, data_dir=data_dir, limit=limit, task_seed=task_seed
-        )
+            benchmark, "train" if split is None and benchmark.startswith("synthetic") else split,
+            source=source, data_dir=data_dir, limit=limit, task_seed=task_seed,
+        )  # fmt: skip
+    else:
+        from copes.envs.tasks.records import as_tasks
+
+        tasks = as_tasks(tasks, kind=kind, columns=columns, split=split or "train")  # type: ignore[arg-type]
     wrong = [t.id for t in tasks if t.kind != kind]
     if wrong:
         raise ValueError(
@@ -73,7 +74,8 @@ def tool_math_env(
     benchmark: str = "synthetic-math",
     split: str | None = None,
     *,
-    tasks: Sequence[Task] | None = None,
+    tasks: Any = None,
+    columns: Mapping[str, str] | None = None,
     tools: Sequence[Tool] | None = None,
     extra_tools: Sequence[Tool] = (),
     max_turns: int = 4,
@@ -89,11 +91,13 @@ def tool_math_env(
 ) -> ToolEnv:
     """ToolMath-v0: math problems, a sandboxed Python (sympy) tool, a symbolic-equality grader.
 
-    `tasks` overrides `benchmark`; `tools` replaces the Python tool; `extra_tools` adds to it;
+    `tasks` (Tasks, dicts, a .jsonl/.json/.parquet path or a `datasets.Dataset`, read through
+    `columns`; `copes.envs.tasks.records`) overrides `benchmark`; `tools` replaces the Python
+    tool; `extra_tools` adds to it;
     `grader` (``fn(answer, task)`` -> Grade, bool or reward) replaces symbolic equality.
     """
     tasks = _resolve_tasks(
-        tasks, "math", "ToolMath", benchmark, split, source, data_dir, limit, task_seed
+        tasks, "math", "ToolMath", benchmark, split, source, data_dir, limit, task_seed, columns
     )
     if tools is None:
         from copes.envs.tools.python import PythonTool
@@ -114,7 +118,8 @@ def tool_qa_env(
     benchmark: str = "synthetic-qa",
     split: str | None = None,
     *,
-    tasks: Sequence[Task] | None = None,
+    tasks: Any = None,
+    columns: Mapping[str, str] | None = None,
     tools: Sequence[Tool] | None = None,
     extra_tools: Sequence[Tool] = (),
     max_turns: int = 4,
@@ -135,7 +140,7 @@ def tool_qa_env(
     `corpus_index` names an on-disk open-corpus index (see docs/retrieval.md).
     """
     tasks = _resolve_tasks(
-        tasks, "qa", "ToolQA", benchmark, split, source, data_dir, limit, task_seed
+        tasks, "qa", "ToolQA", benchmark, split, source, data_dir, limit, task_seed, columns
     )
     if tools is None:
         from copes.envs.tools.search import SearchTool

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from copes.envs.parsing import CALL_FORMATS
-from copes.evaluation.benchmarks import EVAL_BENCHMARKS
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--benchmarks",
         default="synthetic-math",
-        help=f"comma-separated, from: {','.join(EVAL_BENCHMARKS)}",
+        help="comma-separated registered names (copes.registry): gsm8k, math500, aime24, "
+        "aime25, hotpotqa, 2wiki, musique, synthetic-math, synthetic-qa, rg:<reasoning-gym "
+        "dataset>, or another package's",
     )
     parser.add_argument("--pass-k", type=_ints, default=[1, 4, 16], help="k values, e.g. 1,4,16")
     parser.add_argument(
@@ -198,9 +199,9 @@ def _evaluate_one(model: str, out: Path, args: argparse.Namespace, sampling: Any
 def run(args: argparse.Namespace) -> int:
     from copes.agents.chat import template_kwargs_for
     from copes.agents.policy import SamplingConfig
-    from copes.evaluation.benchmarks import resolve_benchmarks
     from copes.evaluation.report import format_table, write_report
     from copes.evaluation.runner import check_ks, read_eval_config, rescore
+    from copes.registry import resolve_benchmarks
 
     out = Path(args.out)
     baseline_out = out / "baseline"

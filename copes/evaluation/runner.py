@@ -28,10 +28,10 @@ from typing import Any
 from copes.agents.policy import Policy, SamplingConfig
 from copes.agents.rollout import rollout
 from copes.envs.tasks.base import Task
-from copes.evaluation.benchmarks import EvalBenchmark, get_benchmark, resolve_benchmarks
 from copes.evaluation.passk import majority_at_n, mean_at_n, pass_at_k
 from copes.evaluation.report import BenchmarkResult, Report
 from copes.optimizers.perturb import derive_seed
+from copes.registry import Benchmark, get_benchmark, resolve_benchmarks
 from copes.run_log import drop_torn_tail, read_jsonl
 
 logger = logging.getLogger(__name__)
@@ -119,7 +119,7 @@ def _check_resumable(out_dir: Path, config: dict[str, Any]) -> None:
 
 
 def _sample_record(
-    benchmark: EvalBenchmark, task: Task, sample: int, trajectory: Any, save_messages: bool
+    benchmark: Benchmark, task: Task, sample: int, trajectory: Any, save_messages: bool
 ) -> dict[str, Any]:
     grade = dict(trajectory.grade)
     prediction = grade.pop("prediction", None)
@@ -131,6 +131,7 @@ def _sample_record(
         "sample": sample,
         "prediction": prediction,
         "gold": list(task.answers),
+        "checks": list(task.checks),
         "correct": bool(trajectory.correct),
         "reward": float(trajectory.reward),
         "grade": grade,
@@ -146,7 +147,7 @@ def _sample_record(
 
 # ---------------------------------------------------------------------- metrics
 def summarize(
-    benchmark: EvalBenchmark,
+    benchmark: Benchmark,
     samples_by_task: dict[str, list[dict[str, Any]]],
     ks: Sequence[int],
 ) -> BenchmarkResult:
@@ -193,7 +194,7 @@ def summarize(
 # ---------------------------------------------------------------------- evaluate
 def evaluate(
     policy: Policy,
-    benchmarks: str | Sequence[str | EvalBenchmark],
+    benchmarks: str | Sequence[str | Benchmark],
     *,
     n: int,
     ks: Sequence[int],
@@ -213,7 +214,7 @@ def evaluate(
 
     Args:
         policy: the model backend (any `Policy`).
-        benchmarks: names from `EVAL_BENCHMARKS` ("gsm8k,hotpotqa" or a list).
+        benchmarks: registered names (`copes.registry`; "gsm8k,hotpotqa" or a list).
         n: samples per problem; ks: the k of pass@k (each 1 <= k <= n, checked first).
         sampling: per-turn sampling; its `seed` (default 0) seeds every batch.
         limit: evaluate only the first `limit` problems of each benchmark.
@@ -371,16 +372,17 @@ def rescore(out_dir: str | Path, *, ks: Sequence[int] | None = None) -> Report:
     # One record per (benchmark, task, sample), the last one written, as `evaluate` keeps.
     records = list({_key(r): r for r in read_samples(out / SAMPLES_FILE)}.values())
     graders = {b.name: b.make_grader() for b in benchmarks}
-    kinds = {b.name: b.grader for b in benchmarks}
+    kinds = {b.name: b.kind for b in benchmarks}
     for record in records:
         name = record["benchmark"]
         if name not in graders:
             graders[name] = get_benchmark(name).make_grader()
-            kinds[name] = get_benchmark(name).grader
+            kinds[name] = get_benchmark(name).kind
         if record["prediction"] is None:
             record["correct"] = False
             continue
-        task = Task(record["task_id"], "", tuple(record["gold"]), kinds[name])
+        checks = tuple(record.get("checks", ()))
+        task = Task(record["task_id"], "", tuple(record["gold"]), kinds[name], checks=checks)
         grade = graders[name](record["prediction"], task)
         record["correct"] = bool(grade.correct)
         record["reward"] = float(grade.reward)

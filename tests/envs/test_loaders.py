@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from copes.envs.tasks.builtin import BENCHMARKS, load_benchmark
 from copes.envs.tasks.io import SchemaError, load_records
 from copes.envs.tasks.math_benchmarks import (
     load_aime24,
@@ -19,7 +20,6 @@ from copes.envs.tasks.math_benchmarks import (
     load_math500,
 )
 from copes.envs.tasks.qa_benchmarks import load_2wiki, load_flashrag, load_hotpotqa, load_musique
-from copes.envs.tasks.registry import BENCHMARKS, load_benchmark
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "benchmarks"
 
@@ -123,7 +123,7 @@ def fake_hub(monkeypatch, tables: dict[tuple[str, str | None], list[dict]]) -> l
 def test_an_unreachable_hub_fails_at_once_naming_data_dir(monkeypatch):
     import datasets
 
-    from copes.envs.tasks.registry import load_benchmark
+    from copes.envs.tasks.builtin import load_benchmark
 
     def never(*args, **kwargs):
         raise AssertionError("load_dataset must not be tried (it retries for ~30 s)")

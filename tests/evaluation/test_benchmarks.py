@@ -6,11 +6,7 @@ from pathlib import Path
 import pytest
 
 from copes.envs.tasks.base import Task
-from copes.evaluation.benchmarks import (
-    EVAL_BENCHMARKS,
-    get_benchmark,
-    resolve_benchmarks,
-)
+from copes.registry import benchmark_names, get_benchmark, resolve_benchmarks
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "benchmarks"
 # Fixture file -> where a data dir keeps it (docs/evaluation.md: <name>.<ext> or <name>/<split>.*)
@@ -36,11 +32,13 @@ def data_dir(tmp_path_factory) -> Path:
 
 
 def test_registry_names_every_benchmark():
-    assert set(EVAL_BENCHMARKS) == {*FILE_BACKED, "synthetic-math", "synthetic-qa"}
-    for name, benchmark in EVAL_BENCHMARKS.items():
+    builtin = {*FILE_BACKED, "synthetic-math", "synthetic-qa"}
+    assert builtin <= set(benchmark_names())
+    for name in builtin:
+        benchmark = get_benchmark(name)
         assert benchmark.name == name
-        assert benchmark.env == ("ToolMath-v0" if benchmark.grader == "math" else "ToolQA-v0")
-        assert (benchmark.source is None) == name.startswith("synthetic")
+        assert benchmark.env_id == ("ToolMath-v0" if benchmark.kind == "math" else "ToolQA-v0")
+        assert (benchmark.source is None) == benchmark.generated == name.startswith("synthetic")
 
 
 @pytest.mark.parametrize("name", FILE_BACKED)
@@ -48,7 +46,7 @@ def test_file_backed_benchmark_loads_from_data_dir_and_grades_gold_as_correct(na
     benchmark = get_benchmark(name)
     tasks = benchmark.load_tasks(data_dir=data_dir)
     assert len(tasks) >= 3
-    assert all(t.kind == benchmark.grader for t in tasks)
+    assert all(t.kind == benchmark.kind for t in tasks)
     assert len({t.id for t in tasks}) == len(tasks)
     assert len(benchmark.load_tasks(data_dir=data_dir, limit=2)) == 2
 
@@ -70,7 +68,7 @@ def test_file_backed_benchmark_loads_from_data_dir_and_grades_gold_as_correct(na
 def test_synthetic_benchmarks_are_generated_and_ignore_data_dir(name, tmp_path):
     benchmark = get_benchmark(name)
     tasks = benchmark.load_tasks(data_dir=tmp_path, limit=3)  # empty dir: not read
-    assert len(tasks) == 3 and all(t.kind == benchmark.grader for t in tasks)
+    assert len(tasks) == 3 and all(t.kind == benchmark.kind for t in tasks)
     assert tasks == benchmark.load_tasks(limit=3)  # the same tasks on every call
     env = benchmark.make_env(tasks)
     try:
@@ -87,7 +85,7 @@ def test_missing_local_file_is_an_error_not_a_trip_to_the_hub(tmp_path):
 
 
 def test_unknown_benchmark_lists_the_known_ones():
-    with pytest.raises(ValueError, match=r"unknown benchmark 'gsm9k'; known benchmarks: aime24, "):
+    with pytest.raises(ValueError, match=r"unknown benchmark 'gsm9k'; known: gsm8k, math500, "):
         get_benchmark("gsm9k")
     with pytest.raises(ValueError, match="synthetic-qa"):
         resolve_benchmarks("gsm8k,nope")

@@ -33,6 +33,8 @@ class Task:
         passages: the per-question pool for QA in the distractor setting; empty otherwise.
         source: benchmark name, e.g. "gsm8k", "hotpotqa", "synthetic-math".
         metadata: anything else worth keeping (level, subject, type, supporting titles).
+        checks: names of answer checks a correct answer must also pass, e.g. "lowest-terms"
+            (`copes.envs.rewards.checks`): how a task asks for a form, not only a value.
     """
 
     id: str
@@ -42,9 +44,14 @@ class Task:
     passages: tuple[Passage, ...] = ()
     source: str = ""
     metadata: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    checks: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.answers:
             raise ValueError(f"task {self.id!r} has no gold answer; every task needs at least one")
         if self.kind not in ("math", "qa"):
             raise ValueError(f"task {self.id!r}: kind must be 'math' or 'qa', got {self.kind!r}")
+        if isinstance(self.checks, str) or not all(isinstance(c, str) for c in self.checks):
+            raise TypeError(
+                f"task {self.id!r}: checks must be a tuple of names, got {self.checks!r}"
+            )

@@ -1,7 +1,8 @@
-"""Benchmarks by name: `load_benchmark("gsm8k")` instead of remembering hub ids and splits.
+"""The built-in benchmarks' loaders: `load_benchmark("gsm8k")` without remembering hub ids.
 
-One table (`BENCHMARKS`) maps each name to its loader and defaults, so the CLI, the
-environments and the evaluation runner all resolve names the same way.
+`BENCHMARKS` maps each built-in name to its loader, hub id and default split. It is not the
+registry users meet: `copes.registry` holds every benchmark (these and other packages'),
+with the environment and grader each runs with, and reads this table for the built-ins.
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ from copes.envs.tasks.qa_benchmarks import (
 
 logger = logging.getLogger(__name__)
 
-# Generated benchmarks: size when no limit is given, and the fixed generator seed, so that
-# "synthetic-math" names the same tasks on every machine.
+# Generated benchmarks: size when no limit is given, and the default generator seed, so that
+# "synthetic-math" names the same tasks on every machine (training passes its own seed).
 SYNTHETIC_DEFAULT_SIZE = 500
 SYNTHETIC_SEED = 0
 
@@ -62,7 +63,9 @@ class BenchmarkSpec:
     kind: TaskKind
 
 
-def _load_synthetic(kind: TaskKind, source: object, split: str, limit: int | None) -> list[Task]:
+def _load_synthetic(
+    kind: TaskKind, source: object, split: str, limit: int | None, seed: int = SYNTHETIC_SEED
+) -> list[Task]:
     """Import the generators only when asked, so the registry works without them."""
     try:
         from copes.envs.tasks import synthetic
@@ -76,7 +79,7 @@ def _load_synthetic(kind: TaskKind, source: object, split: str, limit: int | Non
         ) from exc
     generate = synthetic.synthetic_math_tasks if kind == "math" else synthetic.synthetic_qa_tasks
     n = SYNTHETIC_DEFAULT_SIZE if limit is None else limit
-    return generate(split=split, n=n, seed=SYNTHETIC_SEED)
+    return generate(split=split, n=n, seed=seed)
 
 
 # Named after FlashRAG's configs, which is also the tasks' `source` ("flashrag-<config>").
@@ -117,6 +120,7 @@ def load_benchmark(
     split: str | None = None,
     limit: int | None = None,
     data_dir: str | os.PathLike | None = None,
+    seed: int = SYNTHETIC_SEED,
 ) -> list[Task]:
     """The tasks of benchmark `name` (see `BENCHMARKS`), from `source`, `data_dir` or the hub.
 
@@ -130,7 +134,7 @@ def load_benchmark(
       3. the benchmark's default hub id.
     `split` defaults to the benchmark's evaluation split. Generated benchmarks
     ("synthetic-*") ignore `data_dir`; `limit` is their size (default
-    `SYNTHETIC_DEFAULT_SIZE`).
+    `SYNTHETIC_DEFAULT_SIZE`) and `seed` their generator's seed.
     """
     spec = BENCHMARKS.get(name)
     if spec is None:
@@ -141,7 +145,7 @@ def load_benchmark(
             raise ValueError(
                 f"benchmark {name!r} is generated, not read from files; drop source={source!r}"
             )
-        return spec.loader(None, split=split, limit=limit)
+        return spec.loader(None, split=split, limit=limit, seed=seed)
     if source is None and data_dir is not None:
         source = _local_source(Path(data_dir).expanduser(), name)
     if source is None:
