@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,19 +74,23 @@ def write_jsonl_atomic(path: Path, records: Iterable[dict[str, Any]]) -> None:
 
 
 class MetricsLog:
-    """Appends metrics to `metrics.jsonl`, mirrors them to TensorBoard, redraws the curve."""
+    """Appends metrics to `metrics.jsonl`, mirrors them to the reporters (`--report-to`:
+    TensorBoard, wandb, trackio), redraws the curve."""
 
-    def __init__(self, run_dir: Path, tensorboard: bool = True) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        report_to: Sequence[str] = ("tensorboard",),
+        config: Mapping[str, Any] | None = None,
+        project: str = "copes",
+    ) -> None:
+        from copes.reporting import open_reporters
+
         self.run_dir = run_dir
         self.path = run_dir / "metrics.jsonl"
-        self._writer = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self._writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
-            except ImportError:
-                logger.warning("tensorboard is not installed: logging to metrics.jsonl only")
+        self._reporters = open_reporters(
+            list(report_to), run_dir, project=project, config=config or {}
+        )
 
     def truncate_after(self, step: int) -> None:
         """Forget records of steps >= `step` (they will be recomputed after a resume)."""
@@ -96,11 +100,12 @@ class MetricsLog:
     def log(self, kind: str, step: int, values: dict[str, Any]) -> None:
         record = {"kind": kind, "step": step, **values}
         append_jsonl(self.path, record)
-        if self._writer is not None:
-            for key, value in values.items():
-                if isinstance(value, int | float) and not isinstance(value, bool):
-                    self._writer.add_scalar(f"{kind}/{key}", value, step)
-            self._writer.flush()
+        if self._reporters:
+            from copes.reporting import scalars
+
+            numbers = scalars(kind, values)
+            for reporter in self._reporters:
+                reporter.log(numbers, step)
 
     def plot(self, x_key: str = "generated_tokens_total") -> Path | None:
         """Redraw `learning_curve.png`: training reward, validation reward and accuracy."""
@@ -139,5 +144,5 @@ class MetricsLog:
         return out
 
     def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
+        for reporter in self._reporters:
+            reporter.close()

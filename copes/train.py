@@ -36,6 +36,7 @@ OPTIMIZERS = ("es", "copes", "grpo", "lora-grpo")
 RESUMABLE_CHANGES = frozenset(
     {
         "steps", "max_tokens", "max_seconds", "resume", "progress", "tensorboard", "out_dir",
+        "report_to",
         "eval_every", "checkpoint_every", "keep_checkpoints", "workers", "ray_address",
         "checksum_every", "gpu_memory_utilization",
     }
@@ -111,7 +112,12 @@ class TrainConfig:
     backend: str = flag("generation backend: hf (transformers) or vllm", "hf")
     tensor_parallel_size: int = flag("vllm: GPUs one engine spans", 1)
     gpu_memory_utilization: float = flag("vllm: fraction of GPU memory the engine takes", 0.85)
-    tensorboard: bool = flag("also write a TensorBoard log", True)
+    report_to: str = flag(
+        "where metrics go besides metrics.jsonl: tensorboard, wandb, trackio (comma-separated) "
+        "or none",
+        "tensorboard",
+    )
+    tensorboard: bool = flag("--no-tensorboard: drop tensorboard from --report-to", True)
     progress: bool = flag("show progress bars", True)
     resume: bool = flag("continue the run in out_dir", False)
     workers: int = flag("ES: Ray actors sharing the population (0: this process, no Ray)", 0)
@@ -124,6 +130,9 @@ class TrainConfig:
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {self.optimizer!r}; choose one of {OPTIMIZERS}")
         self._resolve_env_and_benchmark()
+        from copes.reporting import parse_report_to
+
+        parse_report_to(self.report_to)  # unknown or missing reporters fail before the run
         budgets = (self.steps, self.max_tokens, self.max_seconds)
         if all(b is None for b in budgets):
             raise ValueError("no budget: set steps, max_tokens or max_seconds")
@@ -466,7 +475,10 @@ class Trainer:
         if c.resume:
             self._check_resume_settings()
         self._write_run_config()
-        self.log = MetricsLog(self.run_dir, tensorboard=c.tensorboard)
+        from copes.reporting import parse_report_to
+
+        reporters = [r for r in parse_report_to(c.report_to) if c.tensorboard or r != "tensorboard"]
+        self.log = MetricsLog(self.run_dir, reporters, config=asdict(c), project="copes-train")
         if c.resume:
             self._resume()
         start_seconds = self.budget.seconds

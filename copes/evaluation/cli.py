@@ -122,6 +122,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar, warnings only")
     parser.add_argument(
+        "--report-to",
+        default="none",
+        help="also send the results to: tensorboard, wandb, trackio (comma-separated) or none",
+    )
+    parser.add_argument(
         "--debug", action="store_true", help="show the traceback of a user error too"
     )
     parser.add_argument(
@@ -228,6 +233,9 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--out {out}: cannot create the folder ({exc.strerror})") from None
         resolve_benchmarks(args.benchmarks)
         template_kwargs_for(args.enable_thinking, args.chat_template_kwargs)
+        from copes.reporting import parse_report_to
+
+        parse_report_to(args.report_to)
         sampling = SamplingConfig(
             max_new_tokens=args.max_new_tokens,
             temperature=args.temperature,
@@ -240,9 +248,28 @@ def run(args: argparse.Namespace) -> int:
             baseline = _evaluate_one(args.baseline, baseline_out, args, sampling)
             write_report(baseline, baseline_out)
     paths = write_report(report, out, baseline)
+    report_results(report, out, args)
     print(format_table(report, baseline))
     print(f"\nwrote {paths['json']}, {paths['csv']} and {len(paths['plots'])} plot(s) in {out}")
     return 0
+
+
+def report_results(report: Any, out: Path, args: argparse.Namespace) -> None:
+    """Each benchmark's pass@k, mean@n and maj@n to the --report-to reporters (step 0)."""
+    from copes.reporting import open_reporters, parse_report_to
+
+    names = parse_report_to(getattr(args, "report_to", None))
+    if not names:
+        return
+    values: dict[str, float] = {}
+    for name, result in report.benchmarks.items():
+        values.update({f"{name}/pass@{k}": v for k, v in result.pass_at_k.items()})
+        values[f"{name}/mean@{result.n}"] = result.mean_at_n
+        values[f"{name}/maj@{result.n}"] = result.maj_at_n
+    config = {k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool))}
+    for reporter in open_reporters(names, out, project="copes-eval", config=config):
+        reporter.log(values, 0)
+        reporter.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
