@@ -133,7 +133,7 @@ def read_config_file(path: str) -> dict[str, Any]:
 
 
 def train_parser() -> tuple[argparse.ArgumentParser, list[str], list[str]]:
-    from copes.optimizers.es import CoPESConfig
+    from copes.optimizers.table import OPTIMIZERS
     from copes.train import TrainConfig
 
     parser = argparse.ArgumentParser(
@@ -147,15 +147,13 @@ def train_parser() -> tuple[argparse.ArgumentParser, list[str], list[str]]:
         "--debug", action="store_true", help="show the traceback of a user error too"
     )
     train_names = add_dataclass_flags(parser, TrainConfig, "run")
-    optimizer_names = add_dataclass_flags(parser, CoPESConfig, "ES / CoPES", SHARED_WITH_TRAIN)
-    try:
-        from copes.optimizers.grpo import GRPOConfig
-
-        optimizer_names += add_dataclass_flags(
-            parser, GRPOConfig, "GRPO / LoRA-GRPO", SHARED_WITH_TRAIN
-        )
-    except ImportError:  # pragma: no cover - grpo needs nothing beyond torch
-        pass
+    optimizer_names: list[str] = []
+    groups: dict[type, list[str]] = {}  # one flag group per config, titled by its optimizers
+    for spec in OPTIMIZERS.values():
+        groups.setdefault(spec.config, []).append(spec.name)
+    for config, names in groups.items():
+        title = " / ".join(names) + " (only with --optimizer " + " or ".join(names) + ")"
+        optimizer_names += add_dataclass_flags(parser, config, title, SHARED_WITH_TRAIN)
     return parser, train_names, optimizer_names
 
 
@@ -179,7 +177,11 @@ def parse_train_args(argv: Sequence[str] | None) -> tuple[Any, dict[str, Any], a
     for name in ("learning_rate",):  # shared names land with the optimizer
         if name in settings:
             optimizer[name] = settings[name]
-    return TrainConfig(**train), optimizer, args
+    config = TrainConfig(**train)
+    from copes.train import optimizer_config
+
+    optimizer_config(config, optimizer)  # a flag this optimizer does not use fails now
+    return config, optimizer, args
 
 
 def dry_run(config: Any, optimizer_overrides: dict[str, Any]) -> dict[str, Any]:

@@ -19,18 +19,18 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from copes.agents.policy import SamplingConfig
 from copes.agents.rollout import RolloutBatch, rollout
 from copes.errors import UserError
 from copes.optimizers.base import flag
-from copes.optimizers.perturb import derive_seed
+from copes.optimizers.table import OPTIMIZERS as OPTIMIZER_TABLE
+from copes.optimizers.table import get_optimizer, is_population
 from copes.run_log import MetricsLog, append_jsonl, drop_torn_tail, read_jsonl
+from copes.seeding import derive_seed
 
 logger = logging.getLogger(__name__)
 
-OPTIMIZERS = ("es", "copes", "grpo", "lora-grpo")
+OPTIMIZERS = tuple(OPTIMIZER_TABLE)
 # Settings --resume may change: the budget and bookkeeping, not what is trained or generated
 # (--workers gives bit-identical weights, docs/scaling.md).
 RESUMABLE_CHANGES = frozenset(
@@ -127,8 +127,7 @@ class TrainConfig:
     checksum_every: int = flag("with --workers: compare replica checksums every M steps", 10)
 
     def __post_init__(self) -> None:
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"unknown optimizer {self.optimizer!r}; choose one of {OPTIMIZERS}")
+        get_optimizer(self.optimizer)  # unknown names fail here, listing the table
         self._resolve_env_and_benchmark()
         from copes.reporting import parse_report_to
 
@@ -374,24 +373,23 @@ def build_replica_policy(config: TrainConfig, model_path: str) -> Any:
 
 
 def build_optimizer(config: TrainConfig, overrides: dict[str, Any], policy: Any) -> Any:
-    """The optimizer named in `config`, its own config built from `overrides` (CLI flags)."""
-    if config.optimizer in ("es", "copes"):
-        from copes.optimizers.es import CoPES, CoPESConfig, es_config
+    """The optimizer named in `config` (`copes.optimizers.table`), its config built from
+    `overrides` (CLI flags); a flag it does not use is an error naming it."""
+    spec = get_optimizer(config.optimizer)
+    return spec.build(optimizer_config(config, overrides), policy)
 
-        known = {k: v for k, v in overrides.items() if k in CoPESConfig.__dataclass_fields__}
-        known.setdefault("seed", config.seed)
-        opt_config = es_config(**known) if config.optimizer == "es" else CoPESConfig(**known)
-        return CoPES(opt_config)
-    from copes.optimizers.grpo import GRPO, GRPOConfig
 
-    known = {k: v for k, v in overrides.items() if k in GRPOConfig.__dataclass_fields__}
-    if config.optimizer == "lora-grpo":
-        known["lora"] = True
-    return GRPO(GRPOConfig(**known), policy)
+def optimizer_config(config: TrainConfig, overrides: dict[str, Any]) -> Any:
+    """The optimizer's own config: its table defaults, the run's seed, then the flags."""
+    spec = get_optimizer(config.optimizer)
+    settings = dict(overrides)
+    if "seed" in spec.flags():
+        settings.setdefault("seed", config.seed)
+    return spec.make_config(settings)
 
 
 def is_es(config: TrainConfig) -> bool:
-    return config.optimizer in ("es", "copes")
+    return is_population(config.optimizer)
 
 
 # ---------------------------------------------------------------------- the trainer
@@ -437,6 +435,8 @@ class Trainer:
         train_tasks = load_tasks_for(c, c.train_split, c.num_train_tasks)
         eval_tasks = load_tasks_for(c, c.eval_split, c.eval_tasks)
         env_factory(c)
+        import torch
+
         torch.manual_seed(c.seed)
         self.policy = build_policy(c)
         self.optimizer = build_optimizer(c, self.optimizer_overrides, self.policy)
@@ -565,6 +565,8 @@ class Trainer:
         merged = getattr(self.optimizer, "merged_model", None)
         model = merged() if merged is not None else self.policy.export_model()
         master = None
+        import torch
+
         if is_es(self.config) and any(p.dtype != torch.float32 for p in model.parameters()):
             master = self.policy.weights().master_state()  # bf16 weights cannot hold it
         return save_checkpoint(

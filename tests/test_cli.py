@@ -62,3 +62,21 @@ def test_both_commands_take_output_dir():
     assert config.out_dir == "runs/x"
     assert build_parser().parse_args(["--output-dir", "e", "--model", "m"]).out == "e"
     assert build_parser().parse_args(["--out", "e", "--model", "m"]).out == "e"
+
+
+def test_help_imports_no_torch_and_flags_belong_to_their_optimizer(capsys):
+    import subprocess
+    import sys
+
+    from copes.cli import train_main
+
+    probe = "import sys, copes.cli; copes.cli.train_parser(); print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.stdout.strip() == "False", done.stderr  # --help builds the parser: no torch
+    assert train_main(["--optimizer", "grpo", "--population-size", "40"]) == 2
+    err = capsys.readouterr().err
+    assert "--population-size: not a setting of --optimizer grpo" in err
+    assert train_main(["--optimizer", "copes", "--group-size", "4", "--kl-beta", "0.1"]) == 2
+    assert "--group-size, --kl-beta: not a setting of --optimizer copes" in capsys.readouterr().err
+    assert train_main(["--optimizer", "lora-grpo", "--no-lora"]) == 2
+    assert "always has lora = True" in capsys.readouterr().err

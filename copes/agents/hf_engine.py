@@ -98,7 +98,7 @@ class EpisodeEngine:
     # ------------------------------------------------------------------ the loop
     @torch.no_grad()
     def run(self, prompts: Sequence[Sequence[int]], threads: int) -> dict[str, float]:
-        from copes.optimizers.perturb import derive_seed
+        from copes.seeding import derive_seed
 
         start = time.perf_counter()
         seed = self.sampling.seed

@@ -30,9 +30,9 @@ from copes.agents.rollout import rollout
 from copes.envs.tasks.base import Task
 from copes.evaluation.passk import majority_at_n, mean_at_n, pass_at_k
 from copes.evaluation.report import BenchmarkResult, Report
-from copes.optimizers.perturb import derive_seed
 from copes.registry import Benchmark, get_benchmark, resolve_benchmarks
 from copes.run_log import drop_torn_tail, read_jsonl
+from copes.seeding import derive_seed
 
 logger = logging.getLogger(__name__)
 

@@ -109,7 +109,7 @@ class CopesRollout:
         from copes.agents.hf import HFPolicy
         from copes.agents.policy import SamplingConfig
         from copes.agents.rollout import rollout
-        from copes.optimizers.perturb import derive_seed
+        from copes.seeding import derive_seed
 
         task_ids = self._task_ids(prompts, trainer)
         mode = "train" if trainer.model.training else "eval"

@@ -28,11 +28,12 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from copes.optimizers.base import RolloutFn, StepStats, flag
+from copes.optimizers.base import RolloutFn, StepStats
+from copes.optimizers.configs import CoPESConfig, Schedule
 from copes.optimizers.perturb import (
     Perturbation,
     Subspace,
@@ -43,74 +44,6 @@ from copes.optimizers.perturb import (
 
 if TYPE_CHECKING:
     from copes.agents.policy import Policy
-
-Schedule = Literal["constant", "linear", "cosine"]
-
-
-@dataclass
-class CoPESConfig:
-    """CoPES hyper-parameters (each is a `copes-train` flag). Defaults: the paper's best K=4."""
-
-    population_size: int = flag("N: perturbed models per step (paper ablations: 40)", default=40)
-    num_subspaces: int = flag("K: subspaces per step (paper's best: 4; 1 = plain ES)", default=4)
-    sigma: float = flag("sigma: full-space noise scale (Qiu et al.: 1e-3)", default=1e-3)
-    learning_rate: float = flag("alpha: step size, no 1/sigma factor (Qiu: 5e-4)", default=5e-4)
-    scale_sigma: bool = flag("use sigma_k = sqrt(K) * sigma (paper); off = ablation", default=True)
-    standardization: Literal["joint", "per_subspace"] = flag(
-        "one mean/std over all N rewards (paper) or per subspace (ablation)", default="joint"
-    )
-    antithetic: bool = flag("mirrored pairs +eps/-eps inside each subspace", default=False)
-    rank_shaping: bool = flag(
-        "centered ranks instead of raw rewards before z-scoring", default=False
-    )
-    sigma_schedule: Schedule = flag(
-        "sigma over training: constant, linear or cosine decay", default="constant"
-    )
-    lr_schedule: Schedule = flag(
-        "alpha over training: constant, linear or cosine decay", default="constant"
-    )
-    schedule_steps: int = flag("steps over which schedules decay (0: no decay)", default=0)
-    schedule_final_fraction: float = flag("value at the end of a decay, as a fraction", default=0.1)
-    seed: int = flag("seed of every perturbation and partition", default=0)
-    chunk_size: int = flag("coordinates per chunk of noise (bounds extra memory)", default=1 << 20)
-
-    def __post_init__(self) -> None:
-        n, k = self.population_size, self.num_subspaces
-        if n < 2:
-            raise ValueError(f"population_size must be >= 2 (rewards are standardized), got {n}")
-        if k < 1:
-            raise ValueError(f"num_subspaces must be >= 1, got {k}")
-        if n % k:
-            raise ValueError(
-                f"population_size N={n} must be divisible by num_subspaces K={k}: each subspace "
-                f"gets N/K members (try N={k * max(1, round(n / k))})"
-            )
-        if self.antithetic and (n // k) % 2:
-            raise ValueError(f"antithetic pairs need an even N/K, got N/K = {n // k}")
-        if self.standardization == "per_subspace" and n // k < 2:
-            raise ValueError("per-subspace standardization needs at least 2 members per subspace")
-        if not self.sigma > 0:
-            raise ValueError(f"sigma must be > 0, got {self.sigma}")
-        if not self.learning_rate > 0:
-            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
-        if self.standardization not in ("joint", "per_subspace"):
-            raise ValueError(
-                f"standardization must be joint or per_subspace: {self.standardization!r}"
-            )
-        for name in ("sigma_schedule", "lr_schedule"):
-            if getattr(self, name) not in ("constant", "linear", "cosine"):
-                raise ValueError(f"{name} must be constant, linear or cosine")
-        if not 0 <= self.schedule_final_fraction <= 1:
-            raise ValueError("schedule_final_fraction must be in [0, 1]")
-
-    @property
-    def members_per_subspace(self) -> int:
-        return self.population_size // self.num_subspaces
-
-
-def es_config(**overrides: Any) -> CoPESConfig:
-    """Plain ES with Qiu et al.'s defaults: N = 30, K = 1, sigma = 1e-3, alpha = 5e-4."""
-    return CoPESConfig(**{"population_size": 30, "num_subspaces": 1, **overrides})
 
 
 def _scheduled(base: float, kind: Schedule, step: int, total: int, final: float) -> float:

@@ -39,12 +39,13 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
-from typing import TYPE_CHECKING, Any, Literal
+from dataclasses import asdict, fields
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from copes.optimizers.base import RolloutFn, StepStats, flag
+from copes.optimizers.base import RolloutFn, StepStats
+from copes.optimizers.configs import _STRUCTURAL, GRPOConfig
 
 if TYPE_CHECKING:
     from copes.agents.policy import Policy
@@ -53,103 +54,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 ADVANTAGE_EPS = 1e-4
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-# Fields that decide what is built at construction: a saved state must agree on them.
-_STRUCTURAL = ("lora", "lora_rank", "lora_alpha", "lora_target_modules", "gradient_checkpointing")
-
-
-@dataclass
-class GRPOConfig:
-    """GRPO hyper-parameters (each is a `copes-train` flag)."""
-
-    group_size: int = flag("G: samples per task; advantages are relative to the group", default=8)
-    learning_rate: float = flag(
-        "AdamW step size; 1e-6 is usual for full-parameter 1-7B models (LoRA: ~1e-5..1e-4)",
-        default=1e-6,
-    )
-    clip_epsilon: float = flag("eps: ratio clipped to [1 - eps, 1 + eps_high]", default=0.2)
-    clip_epsilon_high: float | None = flag(
-        "eps_high for DAPO-style asymmetric clipping (e.g. 0.28); None = clip_epsilon",
-        default=None,
-    )
-    kl_beta: float = flag(
-        "beta: weight of the k3 KL to a frozen copy of the initial model (0 = no reference)",
-        default=0.0,
-    )
-    scale_rewards: Literal["group", "none"] = flag(
-        "group: A = (r - mean) / (std + 1e-4) per task; none: A = r - mean (Dr. GRPO)",
-        default="group",
-    )
-    loss_aggregation: Literal["token_mean", "sequence_mean"] = flag(
-        "token_mean: mean over all generated tokens of the batch; sequence_mean: per sequence",
-        default="token_mean",
-    )
-    max_grad_norm: float = flag("clip the global gradient norm to this (0 = no clipping)", 1.0)
-    micro_batch_size: int = flag(
-        "trajectories per forward/backward; gradients accumulate over the batch", default=4
-    )
-    updates_per_batch: int = flag(
-        "optimizer steps on each rollout batch (PPO epochs; old log-probs = rollout's)", 1
-    )
-    weight_decay: float = flag("AdamW decoupled weight decay", default=0.0)
-    adam_betas: tuple[float, float] = flag("AdamW (beta1, beta2)", default=(0.9, 0.999))
-    gradient_checkpointing: bool = flag("recompute activations in backward (less memory)", False)
-    lora: bool = flag("train a LoRA adapter (peft) instead of every weight", default=False)
-    lora_rank: int = flag("LoRA rank r", default=16)
-    lora_alpha: float = flag("LoRA alpha (the update is scaled by alpha / r)", default=32.0)
-    lora_dropout: float = flag("dropout on the LoRA input", default=0.0)
-    lora_target_modules: tuple[str, ...] = flag(
-        "module names that get an adapter (attention and MLP projections)", default=LORA_TARGETS
-    )
-
-    def __post_init__(self) -> None:
-        self.adam_betas = tuple(self.adam_betas)
-        self.lora_target_modules = tuple(self.lora_target_modules)
-        if self.group_size < 2:
-            raise ValueError(
-                f"group_size must be >= 2 (advantages are relative to the group), got "
-                f"{self.group_size}"
-            )
-        if not self.learning_rate > 0:
-            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
-        if not 0 < self.clip_epsilon < 1:
-            raise ValueError(f"clip_epsilon must be in (0, 1), got {self.clip_epsilon}")
-        if self.clip_epsilon_high is not None and not self.clip_epsilon_high > 0:
-            raise ValueError(
-                f"clip_epsilon_high must be > 0 (or None to use clip_epsilon), got "
-                f"{self.clip_epsilon_high}"
-            )
-        if not self.kl_beta >= 0:
-            raise ValueError(f"kl_beta must be >= 0 (0 = no KL term), got {self.kl_beta}")
-        if self.scale_rewards not in ("group", "none"):
-            raise ValueError(f"scale_rewards must be 'group' or 'none', got {self.scale_rewards!r}")
-        if self.loss_aggregation not in ("token_mean", "sequence_mean"):
-            raise ValueError(
-                "loss_aggregation must be 'token_mean' or 'sequence_mean', got "
-                f"{self.loss_aggregation!r}"
-            )
-        if not self.max_grad_norm >= 0:
-            raise ValueError(f"max_grad_norm must be >= 0 (0 = no clipping): {self.max_grad_norm}")
-        if self.micro_batch_size < 1:
-            raise ValueError(f"micro_batch_size must be >= 1, got {self.micro_batch_size}")
-        if self.updates_per_batch < 1:
-            raise ValueError(f"updates_per_batch must be >= 1, got {self.updates_per_batch}")
-        if not self.weight_decay >= 0:
-            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
-        if len(self.adam_betas) != 2 or not all(0 <= b < 1 for b in self.adam_betas):
-            raise ValueError(f"adam_betas must be two numbers in [0, 1), got {self.adam_betas}")
-        if self.lora_rank < 1:
-            raise ValueError(f"lora_rank must be >= 1, got {self.lora_rank}")
-        if not self.lora_alpha > 0:
-            raise ValueError(f"lora_alpha must be > 0, got {self.lora_alpha}")
-        if not 0 <= self.lora_dropout < 1:
-            raise ValueError(f"lora_dropout must be in [0, 1), got {self.lora_dropout}")
-        if self.lora and not self.lora_target_modules:
-            raise ValueError("lora_target_modules is empty: name the modules that get an adapter")
-
-    @property
-    def clip_high(self) -> float:
-        return self.clip_epsilon if self.clip_epsilon_high is None else self.clip_epsilon_high
 
 
 def group_advantages(

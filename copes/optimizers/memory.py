@@ -28,9 +28,11 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
+from copes.optimizers.table import OPTIMIZERS as _TABLE
+
 GIB = 1 << 30
 OptimizerName = Literal["es", "copes", "grpo", "lora-grpo"]
-OPTIMIZERS: tuple[str, ...] = ("es", "copes", "grpo", "lora-grpo")
+OPTIMIZERS: tuple[str, ...] = tuple(_TABLE)  # the optimizer table's order
 _KNOWN_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 
 

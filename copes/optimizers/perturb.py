@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
+from copes.seeding import derive_seed
+
 DEFAULT_CHUNK_SIZE = 1 << 20  # coordinates per chunk: bounds the extra memory of every op
 
 
@@ -110,12 +112,6 @@ class Shard:
         inside = keep.nonzero()[:, 0]
         local = row[keep] * (self.stop - self.start) + col[keep] - self.start
         return inside, local
-
-
-def derive_seed(*parts: object) -> int:
-    """A 63-bit seed from any parts, stable across processes and machines."""
-    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
 
 
 def _generator(device: torch.device, seed: int) -> torch.Generator:

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from copes.agents.rollout import RolloutBatch, RolloutStats, Trajectory
-from copes.optimizers.es import CoPES, CoPESConfig, centered_ranks, es_config
+from copes.optimizers.configs import es_config
+from copes.optimizers.es import CoPES, CoPESConfig, centered_ranks
 from copes.optimizers.perturb import Perturbation, WeightSpace
 
 
