@@ -2,6 +2,8 @@
 
 - `copes.integrations.trl`: TRL's `GRPOTrainer` over any copes env (`CopesRollout` as its
   `rollout_func`, or `environment_factory`).
+- `copes.integrations.openenv`: copes envs behind an OpenEnv server, and OpenEnv sessions as
+  Gymnasium envs for copes' rollouts.
 
-Each submodule imports its library only when used; copes does not depend on them.
+Each submodule needs its library (not a copes dependency) only when imported.
 """
