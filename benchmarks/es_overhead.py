@@ -60,8 +60,8 @@ def time_steps(args: argparse.Namespace, subspaces: int) -> list[dict[str, float
     )  # fmt: skip
     rollouts: list[Any] = []
 
-    def recording(policy: Any, member: int | None = None) -> Any:
-        batch = train_rollout(policy, member)
+    def recording(policy: Any, step: int, member: int | None = None) -> Any:
+        batch = train_rollout(policy, step, member)
         rollouts.append(batch.stats)
         return batch
 
@@ -69,9 +69,8 @@ def time_steps(args: argparse.Namespace, subspaces: int) -> list[dict[str, float
     try:
         for step in range(args.steps + 1):
             rollouts.clear()
-            train_rollout.begin_step(step)
             start = time.perf_counter()
-            stats = optimizer.step(policy, recording)
+            stats = optimizer.step(policy, recording, step)
             total = time.perf_counter() - start
             weights = stats.metrics["perturb_restore_seconds"]
             update = stats.metrics["update_seconds"]

@@ -93,7 +93,7 @@ def fixed_length_rollout(policy: Any, length: int, episodes: int, seed: int) -> 
     new = length - len(prompt)
     calls = {"n": 0}
 
-    def rollout(policy: Any, member: int | None = None) -> RolloutBatch:
+    def rollout(policy: Any, step: int, member: int | None = None) -> RolloutBatch:
         rows = episodes
         ids = torch.tensor([prompt] * rows)
         torch.manual_seed(seed + calls["n"])
@@ -139,12 +139,12 @@ def measure(optimizer: str, length: int, model: str, episodes: int, population: 
     policy = HFPolicy.from_pretrained(model, device="cpu")
     if length > policy.max_context:
         raise SystemExit(f"length {length} exceeds the model's context {policy.max_context}")
-    overrides: dict[str, Any] = {"micro_batch_size": episodes, "group_size": episodes}
+    overrides: dict[str, Any]
     if optimizer in ("es", "copes"):  # members run one after another: N does not change the peak
-        overrides |= {"population_size": population, "sigma": 0.02, "learning_rate": 0.01,
-                      "num_subspaces": 1 if optimizer == "es" else 2}  # fmt: skip
+        overrides = {"population_size": population, "sigma": 0.02, "learning_rate": 0.01,
+                     "num_subspaces": 1 if optimizer == "es" else 2}  # fmt: skip
     else:
-        overrides |= {"learning_rate": 1e-4}
+        overrides = {"learning_rate": 1e-4, "micro_batch_size": episodes, "group_size": episodes}
     config = TrainConfig(optimizer=optimizer, model=model, steps=1)
     opt = build_optimizer(config, overrides, policy)
     if optimizer in ("es", "copes"):

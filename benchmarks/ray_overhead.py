@@ -54,12 +54,9 @@ def run_mode(args: argparse.Namespace, workers: int) -> dict[str, Any]:
         step_seconds, rewards = [], []
         try:
             for step in range(args.steps):
-                trainer.train_rollout.begin_step(step)
                 start = time.perf_counter()
-                if population is not None:
-                    stats = population.step(trainer.optimizer, trainer.policy)
-                else:
-                    stats = trainer.optimizer.step(trainer.policy, trainer.train_rollout)
+                trainer.optimizer.use_evaluator(population)  # None: this process
+                stats = trainer.optimizer.step(trainer.policy, trainer.train_rollout, step)
                 step_seconds.append(time.perf_counter() - start)
                 rewards.append(stats.log["rewards"])
                 logging.info("workers=%d step %d: %.2f s", workers, step, step_seconds[-1])

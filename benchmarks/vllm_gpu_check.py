@@ -124,7 +124,7 @@ def es_step(
     update is a real one (zero coefficients would skip their noise)."""
     sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=0)
 
-    def rollout_fn(p: Any, member: int | None) -> RolloutBatch:
+    def rollout_fn(p: Any, step: int, member: int | None = None) -> RolloutBatch:
         start = time.perf_counter()
         generations = p.generate_ids(prompts, sampling)
         seconds = time.perf_counter() - start

@@ -20,7 +20,7 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,7 +30,7 @@ from copes.optimizers.perturb import Perturbation
 
 if TYPE_CHECKING:
     from copes.agents.policy import Policy
-    from copes.optimizers.base import RolloutFn, StepStats
+    from copes.optimizers.base import RolloutFn
 
 logger = logging.getLogger(__name__)
 
@@ -128,8 +128,7 @@ class ReplicaWorker:
     def evaluate(self, step: int, member: int) -> MemberResult:
         if self._members is None or self._members[0] != step:
             self._members = (step, self.optimizer.ask(step))
-            self.rollout.begin_step(step)  # type: ignore[attr-defined]
-        return evaluate_member(self.policy, self.rollout, self._members[1][member])
+        return evaluate_member(self.policy, self.rollout, self._members[1][member], step)
 
     def tell(self, step: int, rewards: list[float]) -> None:
         self.optimizer.tell(step, self.optimizer.ask(step), rewards, self.policy.weights())
@@ -197,6 +196,10 @@ class RayPopulation:
         self._workers: list[Any] = []
         self._history: dict[int, list[float]] = {}  # step -> rewards: what replicas replay
         self._steps_applied = 0  # the replicas hold the weights after this many steps
+        self._policy: Any = None  # the driver's (attach)
+        self._tells: dict[Any, int] = {}  # the current step's pending tells
+        self._restarts_before = 0
+        self._evaluate_seconds = 0.0
 
     # ------------------------------------------------------------------ actors
     def _reserve(self, workers: int, local: bool) -> Any:
@@ -291,42 +294,46 @@ class RayPopulation:
         return [info["pid"] for info in self.ray.get([w.info.remote() for w in self._workers])]
 
     # ------------------------------------------------------------------ one step
-    def step(self, optimizer: CoPES, policy: Policy) -> StepStats:
-        """One ES/CoPES step: members evaluated on the actors, the update applied everywhere."""
-        step = optimizer.step_count
+    def attach(self, policy: Policy) -> RayPopulation:
+        """The driver's policy, whose weights the replicas must match (checksums)."""
+        self._policy = policy
+        return self
+
+    def evaluate(self, step: int, members: Sequence[Perturbation]) -> list[MemberResult]:
+        """A `PopulationEvaluator`: the members on the actors (started on first use); the
+        replicas get the step's rewards at once, to apply while the driver does."""
+        policy = self._policy
         if not self._workers:
             self.start(step, policy.weights().checksum())
         if self._steps_applied != step:
             raise RuntimeError(
                 f"the workers are at step {self._steps_applied} but the optimizer is at {step}"
             )
-        restarts_before = self.restarts
-        members = optimizer.ask(step)
+        self._restarts_before = self.restarts
         start = time.perf_counter()
         results = self._evaluate(step, len(members))
-        evaluate_seconds = time.perf_counter() - start
+        self._evaluate_seconds = time.perf_counter() - start
         rewards = [r.reward for r in results]
         self._history[step] = rewards  # before the tells: a replacement now replays this step
         self._steps_applied = step + 1
-        tells = {
+        self._tells = {
             self._workers[slot].tell.remote(step, rewards): slot
             for slot in range(len(self._workers))
         }
-        start = time.perf_counter()
-        optimizer.tell(step, members, rewards, policy.weights())
-        update_seconds = time.perf_counter() - start
-        self._finish_tells(tells)
-        if self.restarts != restarts_before or (
+        return results
+
+    def applied(self, step: int, rewards: Sequence[float]) -> dict[str, float]:
+        """The driver applied `step`: wait for the replicas, compare checksums when due."""
+        self._finish_tells(self._tells)
+        if self.restarts != self._restarts_before or (
             self.checksum_every and (step + 1) % self.checksum_every == 0
         ):
-            self.verify(policy.weights().checksum(), step)
-        stats = optimizer.step_stats(step, members, results, update_seconds)
-        stats.metrics.update(
-            workers=self.num_workers,
-            worker_restarts=self.restarts,
-            population_seconds=evaluate_seconds,
-        )
-        return stats
+            self.verify(self._policy.weights().checksum(), step)
+        return {
+            "workers": self.num_workers,
+            "worker_restarts": self.restarts,
+            "population_seconds": self._evaluate_seconds,
+        }
 
     def _evaluate(self, step: int, population_size: int) -> list[MemberResult]:
         """Hand members to free actors one at a time; re-run the members of dead actors."""

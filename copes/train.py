@@ -19,10 +19,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from copes.agents.policy import SamplingConfig
+from copes.agents.policy import Policy, SamplingConfig
 from copes.agents.rollout import RolloutBatch, rollout
 from copes.errors import UserError
-from copes.optimizers.base import flag
+from copes.optimizers.base import Optimizer, flag
 from copes.optimizers.table import OPTIMIZERS as OPTIMIZER_TABLE
 from copes.optimizers.table import get_optimizer, is_population
 from copes.run_log import MetricsLog, append_jsonl, drop_torn_tail, read_jsonl
@@ -154,7 +154,7 @@ class TrainConfig:
             raise ValueError("batch_size, eval_tasks and eval_samples must be >= 1")
         if self.workers < 0 or self.checksum_every < 0:
             raise ValueError("workers and checksum_every must be >= 0")
-        if self.workers and self.optimizer not in ("es", "copes"):
+        if self.workers and not is_population(self.optimizer):
             raise ValueError(
                 f"--workers spreads an ES/CoPES population over Ray actors; {self.optimizer} "
                 "trains in one process (use --workers 0)"
@@ -238,8 +238,11 @@ def parse_env_kwargs(text: str | None) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------- rollouts
 class TaskRollout:
-    """The `RolloutFn` of a run: which tasks, how many samples, which sampling seed.
+    """The `RolloutFn` of a run: the trajectories of (step, member), a pure function of them.
 
+    Step `step`'s batch is `batch_size` tasks drawn with the run's seed and the step (the same
+    batch for every member by default, with common sampling draws); a member gets its own
+    batch without `same_batch`. Each task is sampled `samples_per_task` times (GRPO's group).
     Keeps a pool of environments (one per concurrent episode) and reuses them every call.
     """
 
@@ -262,26 +265,22 @@ class TaskRollout:
         self.same_batch = same_batch
         self.max_context = max_context
         self.envs = [make_env() for _ in range(self.batch_size * samples_per_task)]
-        self.step = 0
-        self.batch = self._choose(0, None)
 
-    def _choose(self, step: int, member: int | None) -> list[Any]:
-        rng = random.Random(derive_seed("batch", self.seed, step, member))
+    def tasks_of(self, step: int, member: int | None = None) -> list[Any]:
+        """The tasks `member` (None: the step's shared batch) sees at `step`."""
+        draw = None if self.same_batch else member
+        rng = random.Random(derive_seed("batch", self.seed, step, draw))
         return rng.sample(self.tasks, self.batch_size)
 
-    def begin_step(self, step: int) -> None:
-        self.step = step
-        self.batch = self._choose(step, None)
-
-    def __call__(self, policy: Any, member: int | None = None) -> RolloutBatch:
-        tasks = self.batch if self.same_batch or member is None else self._choose(self.step, member)
+    def __call__(self, policy: Any, step: int, member: int | None = None) -> RolloutBatch:
+        tasks = self.tasks_of(step, member)
         options = [{"task": t} for t in tasks for _ in range(self.samples)]
         sampling = self.sampling
         if not sampling.greedy:
             # With the same batch, every member also gets the same sampling draws (common
             # random numbers): reward differences then come from the weights, not the dice.
             draws = None if self.same_batch else member
-            sampling = replace(sampling, seed=derive_seed("sample", self.seed, self.step, draws))
+            sampling = replace(sampling, seed=derive_seed("sample", self.seed, step, draws))
         envs = self.envs[: len(options)]
         return rollout(policy, envs, sampling, options=options, max_context=self.max_context)
 
@@ -345,7 +344,7 @@ def env_factory(config: TrainConfig, call_format: str = "tags") -> Callable[[], 
     return make
 
 
-def build_policy(config: TrainConfig) -> Any:
+def build_policy(config: TrainConfig) -> Policy:
     """The policy of a run; with vLLM, GRPO also gets a transformers copy to train."""
     from copes.agents.chat import template_kwargs_for
 
@@ -356,7 +355,8 @@ def build_policy(config: TrainConfig) -> Any:
         return VLLMPolicy.from_pretrained(
             config.model, dtype=config.dtype, seed=config.seed, device=config.device,
             tensor_parallel_size=config.tensor_parallel_size,
-            gpu_memory_utilization=config.gpu_memory_utilization, trainable=not is_es(config),
+            gpu_memory_utilization=config.gpu_memory_utilization,
+            trainable=get_optimizer(config.optimizer).gradients,
             chat_template_kwargs=template_kwargs,
         )  # fmt: skip
     from copes.agents.hf import HFPolicy
@@ -367,12 +367,12 @@ def build_policy(config: TrainConfig) -> Any:
     )  # fmt: skip
 
 
-def build_replica_policy(config: TrainConfig, model_path: str) -> Any:
+def build_replica_policy(config: TrainConfig, model_path: str) -> Policy:
     """A `--workers` actor's policy: the run's backend, loaded from `model_path`."""
     return build_policy(replace(config, model=model_path))
 
 
-def build_optimizer(config: TrainConfig, overrides: dict[str, Any], policy: Any) -> Any:
+def build_optimizer(config: TrainConfig, overrides: dict[str, Any], policy: Policy) -> Optimizer:
     """The optimizer named in `config` (`copes.optimizers.table`), its config built from
     `overrides` (CLI flags); a flag it does not use is an error naming it."""
     spec = get_optimizer(config.optimizer)
@@ -386,10 +386,6 @@ def optimizer_config(config: TrainConfig, overrides: dict[str, Any]) -> Any:
     if "seed" in spec.flags():
         settings.setdefault("seed", config.seed)
     return spec.make_config(settings)
-
-
-def is_es(config: TrainConfig) -> bool:
-    return is_population(config.optimizer)
 
 
 # ---------------------------------------------------------------------- the trainer
@@ -444,12 +440,9 @@ class Trainer:
 
         self.call_format = resolve_call_format(c.call_format, self.policy.chat)
         make_env = env_factory(c, self.call_format)
-        if is_es(c):
-            samples = 1
-            sampling = SamplingConfig(c.max_new_tokens, temperature=c.es_temperature, top_p=c.top_p)
-        else:
-            samples = self.optimizer.config.group_size
-            sampling = SamplingConfig(c.max_new_tokens, temperature=c.temperature, top_p=c.top_p)
+        samples = self.optimizer.samples_per_task
+        temperature = getattr(c, get_optimizer(c.optimizer).rollout_temperature)
+        sampling = SamplingConfig(c.max_new_tokens, temperature=temperature, top_p=c.top_p)
         make_train_rollout = partial(
             TaskRollout, make_env, train_tasks, c.batch_size, samples, sampling, c.seed,
             c.same_batch, c.max_context,
@@ -489,19 +482,16 @@ class Trainer:
             total=c.steps, initial=self.budget.steps, desc="training", disable=not c.progress
         )
         try:
-            if c.workers:
+            if c.workers:  # ES/CoPES members on Ray actors (TrainConfig checks the optimizer)
                 self.population = self.start_population()
+                self.optimizer.use_evaluator(self.population)
             while not self.budget.exhausted(c):
                 step = self.budget.steps
-                self.train_rollout.begin_step(step)
-                if self.population is not None:
-                    stats = self.population.step(self.optimizer, self.policy)
-                else:
-                    stats = self.optimizer.step(self.policy, self.train_rollout)
+                stats = self.optimizer.step(self.policy, self.train_rollout, step)
                 self.budget.steps += 1
                 self.budget.tokens += stats.generated_tokens
                 self.budget.seconds = start_seconds + time.perf_counter() - clock
-                if is_es(c):  # the replay log: on disk before anything else is written
+                if self.optimizer.replays:  # the replay log: on disk before anything else
                     entry = {
                         **stats.log,
                         "tokens": self.budget.tokens,
@@ -530,13 +520,11 @@ class Trainer:
 
     def close(self) -> None:
         """Release the policy's engine (vLLM processes and GPU memory), if it has one."""
-        close = getattr(self.policy, "close", None)
-        if close is not None:
-            close()
+        self.policy.close()
 
     def validate(self) -> dict[str, float]:
         """pass@1 (averaged over n samples) on the held-out split, with the current weights."""
-        batch = self.eval_rollout(self.policy, None)
+        batch = self.eval_rollout(self.policy, 0)  # step 0 always: the same tasks and draws
         n = len(batch)
         result = {
             "accuracy": sum(t.correct for t in batch) / n,
@@ -562,13 +550,8 @@ class Trainer:
         tensors = optimizer_state.pop("optimizer_tensors", None)
         state = {"budget": asdict(self.budget), "optimizer": optimizer_state,
                  "config": asdict(self.config)}  # fmt: skip
-        merged = getattr(self.optimizer, "merged_model", None)
-        model = merged() if merged is not None else self.policy.export_model()
-        master = None
-        import torch
-
-        if is_es(self.config) and any(p.dtype != torch.float32 for p in model.parameters()):
-            master = self.policy.weights().master_state()  # bf16 weights cannot hold it
+        model = self.optimizer.export_model(self.policy)
+        master = self.optimizer.master_state(self.policy, model)  # e.g. fp32 beside bf16
         return save_checkpoint(
             self.run_dir, self.budget.steps, model, self.policy.tokenizer, state, tensors, master,
             keep=self.config.keep_checkpoints,
@@ -604,7 +587,8 @@ class Trainer:
             optimizer_state=self.optimizer.state_dict(),
             gpus_per_worker=gpus,
         )
-        return RayPopulation(spec, c.workers, self.run_dir, c.ray_address, c.checksum_every)
+        population = RayPopulation(spec, c.workers, self.run_dir, c.ray_address, c.checksum_every)
+        return population.attach(self.policy)
 
     # ------------------------------------------------------------------ resume
     def _resume(self) -> None:
@@ -621,7 +605,7 @@ class Trainer:
         if checkpoint is not None:
             try:
                 state = load_state(checkpoint)
-                self._load_weights(checkpoint)
+                self.optimizer.load_weights(self.policy, checkpoint)
                 optimizer_state = dict(state["optimizer"])
                 tensors = load_optimizer_tensors(checkpoint)
                 master = load_master_state(checkpoint)
@@ -639,7 +623,7 @@ class Trainer:
             if master is not None:
                 self.policy.weights().load_master_state(master)
             logger.info("resuming from %s (step %d)", checkpoint, self.budget.steps)
-        if is_es(self.config):
+        if self.optimizer.replays:
             entries = [
                 e
                 for e in read_jsonl(self.run_dir / "es_log.jsonl")
@@ -647,10 +631,10 @@ class Trainer:
             ]
             entries = self._contiguous(entries, self.budget.steps)
             if entries:
-                self.optimizer.replay(entries, self.policy.weights())
+                self.optimizer.replay(entries, self.policy)
                 last = entries[-1]
                 self.budget = Budget(last["step"] + 1, last["tokens"], last["seconds"])
-                logger.info("replayed %d logged ES steps without rollouts", len(entries))
+                logger.info("replayed %d logged steps without rollouts", len(entries))
         elif checkpoint is None:
             logger.info("no checkpoint to resume from: starting from the base model")
         self.log.truncate_after(self.budget.steps)
@@ -664,17 +648,6 @@ class Trainer:
             kept.append(entry)
             expected += 1
         return kept
-
-    def _load_weights(self, checkpoint: Path) -> None:
-        """Checkpoint weights into the live model (an optimizer may know better, e.g. LoRA)."""
-        from transformers import AutoModelForCausalLM
-
-        if self.config.optimizer == "lora-grpo":
-            return  # base model + the adapter saved in the optimizer state (merged != base)
-        loaded = AutoModelForCausalLM.from_pretrained(checkpoint, dtype="auto")
-        self.policy.load_weights(loaded.state_dict())
-        if is_es(self.config):
-            self.policy.weights().sync_from_working()
 
     def _check_fresh_run_dir(self) -> None:
         existing = [
@@ -760,5 +733,5 @@ class Trainer:
             "validation_accuracy_last": val[-1]["accuracy"] if val else None,
             "validation_reward_first": val[0]["reward_mean"] if val else None,
             "validation_reward_last": val[-1]["reward_mean"] if val else None,
-            "checksum": self.policy.weights().checksum() if is_es(self.config) else None,
+            "checksum": self.optimizer.fingerprint(self.policy),
         }

@@ -157,10 +157,11 @@ def test_rebuild_from_the_initial_model_and_diverged_replicas_are_an_error(
                                              str(tmp_path / "run")])  # fmt: skip
     trainer = Trainer(config, overrides)
     population = trainer.start_population()
+    trainer.optimizer.use_evaluator(population)
     try:
-        first = population.step(trainer.optimizer, trainer.policy)
+        first = trainer.optimizer.step(trainer.policy, trainer.train_rollout)
         os.kill(population.worker_pids()[1], signal.SIGKILL)  # idle, between steps
-        stats = population.step(trainer.optimizer, trainer.policy)  # replaced, then verified
+        stats = trainer.optimizer.step(trainer.policy, trainer.train_rollout)  # replaced
         assert stats.metrics["worker_restarts"] == 1
         (rebuilt,) = population.rebuilds
         assert rebuilt["source"] == tiny[1] and rebuilt["replayed_steps"] == 1  # no checkpoint

@@ -186,8 +186,7 @@ def test_es_members_share_tasks_and_sampling_draws_with_the_same_batch(tiny_poli
     make_env = lambda: tool_math_env(tasks=tasks[:1])  # noqa: E731
     rollouts = TaskRollout(make_env, tasks, 4, 1, sampling, 7, same_batch=same_batch)
     try:
-        rollouts.begin_step(3)
-        first, second = (rollouts(tiny_policy, member=m) for m in (0, 1))
+        first, second = (rollouts(tiny_policy, 3, member=m) for m in (0, 1))
     finally:
         rollouts.close()
     if same_batch:

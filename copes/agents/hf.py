@@ -157,6 +157,21 @@ class HFPolicy(ChatGeneration):
         """The transformers model to `save_pretrained` in a checkpoint: the live one."""
         return self.model
 
+    # ------------------------------------------------------------------ TrainablePolicy
+    @property
+    def trainable_model(self) -> Any:
+        return self.model  # generation and training share the one module
+
+    def set_trainable_model(self, model: Any) -> None:
+        self.model = model
+        self._weights = None  # a WeightSpace views the parameters of the module it was built on
+
+    def weights_changed(self) -> None:
+        """Nothing to do: generation reads the trained module itself."""
+
+    def close(self) -> None:
+        """Nothing to release: the model is an ordinary module in this process."""
+
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
         """Replace the live weights with HF-named tensors (e.g. a checkpoint's)."""
         result = self.model.load_state_dict(state, strict=False)

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from copes.agents.chat import ChatFormat
-    from copes.optimizers.perturb import WeightSpace
 
 FinishReason = Literal["stop", "eos", "length"]
 
@@ -90,11 +89,47 @@ class ChatGeneration:
         return self.generate_ids(prompts, sampling)
 
 
+class Weights(Protocol):
+    """The parameters ES/CoPES perturb and update, wherever a backend keeps them.
+
+    `copes.optimizers.perturb.WeightSpace` (transformers, one process) and
+    `copes.agents.vllm_weights.VLLMWeights` (every vLLM worker, on its shards) implement it
+    with the same noise, bit for bit.
+    """
+
+    num_coordinates: int
+
+    def perturb(self, perturbation: Any) -> None: ...
+
+    def restore(self) -> None:
+        """Back to the master weights, bit-exact."""
+        ...
+
+    def update(
+        self, perturbations: Sequence[Any], coefficients: Sequence[float], lr: float
+    ) -> None: ...
+
+    def subspace_sizes(self, partition_seed: int, num_subspaces: int) -> list[int]: ...
+
+    def checksum(self) -> str: ...
+
+    def master_state(self) -> dict[str, Any]: ...
+
+    def load_master_state(self, state: dict[str, Any]) -> None: ...
+
+    def sync_from_working(self) -> None:
+        """Master <- working weights, after something else changed them."""
+        ...
+
+    def memory_bytes(self) -> int: ...
+
+
 @runtime_checkable
 class Policy(Protocol):
-    """What optimizers, rollouts and evaluations need from a model backend."""
+    """What optimizers, rollouts, evaluations and the trainer need from a model backend."""
 
     chat: ChatFormat  # conversation <-> token ids, with the model's chat template
+    tokenizer: Any  # saved with every checkpoint
 
     def generate_ids(
         self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig
@@ -111,14 +146,43 @@ class Policy(Protocol):
         """Continue each conversation with one assistant turn (chat template applied)."""
         ...
 
-    def weights(self) -> WeightSpace:
+    def weights(self) -> Weights:
         """The parameters ES/CoPES perturb, wherever the backend keeps them."""
+        ...
+
+    def export_model(self) -> Any:
+        """The live weights as a transformers model, for `save_pretrained`."""
+        ...
+
+    def load_weights(self, state: dict[str, Any]) -> None:
+        """Replace the live weights with HF-named tensors (e.g. a checkpoint's)."""
+        ...
+
+    def close(self) -> None:
+        """Release engines, processes and device memory (a no-op where there are none)."""
         ...
 
     @property
     def max_context(self) -> int:
         """Longest token sequence (prompt + generation) the model accepts."""
         ...
+
+
+@runtime_checkable
+class TrainablePolicy(Policy, Protocol):
+    """A policy whose weights gradient methods (GRPO) train: a torch module they own.
+
+    `trainable_model` is the module to train; `set_trainable_model` installs a wrapped one
+    (peft's LoRA model) that generation then uses; `weights_changed` says an update changed
+    its parameters, so a backend that generates from a copy (vLLM) reloads it.
+    """
+
+    @property
+    def trainable_model(self) -> Any: ...
+
+    def set_trainable_model(self, model: Any) -> None: ...
+
+    def weights_changed(self) -> None: ...
 
 
 @runtime_checkable

@@ -40,19 +40,22 @@ HERMES_STOPS = ("</tool_call>", "</answer>")
 LLAMA_JSON_STOPS = ("</answer>",)
 
 
-def call_format_of(env: gym.Env) -> str:
-    return getattr(env.unwrapped, "call_format", "tags")
-
-
-def stop_strings_for(env: gym.Env) -> tuple[str, ...]:
-    """The stop strings that end a turn in `env`'s call format (one action per turn)."""
-    call_format = call_format_of(env)
+def stop_strings(info: dict[str, Any]) -> tuple[str, ...]:
+    """The stop strings that end a turn in the call format of an env's `info` (its
+    `StepInfo`: ``call_format`` and the tools' schemas); one action per turn."""
+    call_format = info.get("call_format", "tags")
     if call_format in ("hermes", "qwen-xml"):
         return HERMES_STOPS
     if call_format == "llama-json":
         return LLAMA_JSON_STOPS
-    names = getattr(env.unwrapped, "tools", {})
+    names = [schema["function"]["name"] for schema in info.get("tools", [])]
     return (*(f"</{name}>" for name in names), "</answer>")
+
+
+def stop_strings_for(env: gym.Env) -> tuple[str, ...]:
+    """`stop_strings` of an env, read off a reset (which starts a new episode)."""
+    _, info = env.reset()
+    return stop_strings(info)
 
 
 @dataclass
@@ -115,6 +118,7 @@ class _Episode:
     env: gym.Env
     trajectory: Trajectory
     tools: list[dict[str, Any]] | None
+    stops: tuple[str, ...]
     done: bool = False
     tool_seconds: float = 0.0
     grade_seconds: float = 0.0
@@ -124,7 +128,7 @@ def _start(policy: Policy, env: gym.Env, seed: int | None, options: dict | None)
     _, info = env.reset(seed=seed, options=options)
     # Model-native formats show the tools through the template (`tools=`); tags describe
     # them in the instructions.
-    tools = info.get("tools") if call_format_of(env) != "tags" else None
+    tools = info.get("tools") if info.get("call_format", "tags") != "tags" else None
     prompt = policy.chat.encode_prompt(info["messages"], tools)
     trajectory = Trajectory(
         task_id=info["task_id"],
@@ -134,7 +138,7 @@ def _start(policy: Policy, env: gym.Env, seed: int | None, options: dict | None)
         logprobs=[0.0] * len(prompt),
         prompt_length=len(prompt),
     )
-    return _Episode(env, trajectory, tools)
+    return _Episode(env, trajectory, tools, stop_strings(info))
 
 
 def _step(policy: Policy, episode: _Episode, generation: Generation) -> list[int] | None:
@@ -214,10 +218,10 @@ def rollout(
     if len(seeds) != len(envs) or len(options) != len(envs):
         raise ValueError("seeds and options must have one entry per env")
     limit = max_context or policy.max_context
-    if not sampling.stop:
-        sampling = replace(sampling, stop=stop_strings_for(envs[0]))
     stats = RolloutStats()
     episodes = [_start(policy, env, s, o) for env, s, o in zip(envs, seeds, options, strict=True)]
+    if not sampling.stop:  # the call format's, from the first episode's reset info
+        sampling = replace(sampling, stop=episodes[0].stops)
     if continuous_batching and getattr(policy, "supports_episodes", False):
         _run_episodes(policy, episodes, sampling, limit, stats, tool_threads)
     else:

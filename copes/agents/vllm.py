@@ -138,7 +138,7 @@ class VLLMPolicy(ChatGeneration):
         self._trainable = trainable_model
         self._skeleton: Any = None  # a meta-device transformers model: names, conversions
         self.check_weight_map()
-        self._synced_version: tuple[int, ...] | None = self._version()
+        self._trainable_dirty = False  # the trainable copy changed since the engine loaded it
         self._weights: VLLMWeights | None = None
 
     @staticmethod
@@ -233,9 +233,20 @@ class VLLMPolicy(ChatGeneration):
             )
         return self._trainable
 
-    @model.setter
-    def model(self, value: Any) -> None:  # LoRA-GRPO wraps the model with peft in place
-        self._trainable = value
+    # ------------------------------------------------------------------ TrainablePolicy
+    @property
+    def trainable_model(self) -> Any:
+        return self.model
+
+    def set_trainable_model(self, model: Any) -> None:
+        """Install the module GRPO trains (peft's LoRA wrapper of the copy)."""
+        self.model  # noqa: B018  (raises when this policy has no trainable copy)
+        self._trainable = model
+        self._trainable_dirty = True
+
+    def weights_changed(self) -> None:
+        """The trainable copy was updated: the engine reloads it before it next generates."""
+        self._trainable_dirty = True
 
     def weights(self) -> VLLMWeights:
         from copes.agents.vllm_weights import VLLMWeights
@@ -299,18 +310,13 @@ class VLLMPolicy(ChatGeneration):
         if self.prefix_caching and not self.llm.reset_prefix_cache():
             raise RuntimeError("vLLM refused to reset its prefix cache (requests running?)")
 
-    def _version(self) -> tuple[int, ...] | None:
-        if self._trainable is None:
-            return None
-        return (id(self._trainable), *(p._version for p in self._trainable.parameters()))
-
     def sync_trainable(self, force: bool = False) -> bool:
-        """Copy the trainable model into the engine if it changed; True if it did."""
-        version = self._version()
-        if version is None or (version == self._synced_version and not force):
+        """Copy the trainable model into the engine if it changed (`weights_changed`,
+        `load_weights`, `set_trainable_model`) or `force`; True if it did."""
+        if self._trainable is None or not (self._trainable_dirty or force):
             return False
         self.load_weights(hf_state_dict(self._trainable), into_engine=True)
-        self._synced_version = version
+        self._trainable_dirty = False
         return True
 
     def load_weights(self, state: dict[str, torch.Tensor], *, into_engine: bool = False) -> None:
@@ -333,6 +339,7 @@ class VLLMPolicy(ChatGeneration):
             result = target.load_state_dict(state, strict=False)
             if result.unexpected_keys:
                 raise RuntimeError(f"weights do not match the model: {result.unexpected_keys}")
+            self._trainable_dirty = True
             return
         names = [n for n, _ in self.layout]
         if missing := [n for n in names if n not in state]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict
 
 import gymnasium as gym
 import numpy as np
@@ -31,6 +31,26 @@ from copes.envs.tools.base import Tool, as_tool, close_tool, reset_tool, resolve
 logger = logging.getLogger(__name__)
 
 Instructions = Callable[[Task, Sequence[Tool], CallFormat], str]
+
+
+class StepInfo(TypedDict, total=False):
+    """The `info` of every `reset` and `step`: what rollouts and wrappers read (never the
+    env's internals). The first five are always there; the rest as the step has them."""
+
+    tools: list[dict[str, Any]]  # the tools' JSON schemas
+    messages: list[dict[str, Any]]  # the conversation so far, OpenAI format
+    task_id: str
+    turn: int
+    tool_calls: int
+    call_format: str  # how this env parses calls: tags, hermes, qwen-xml, llama-json
+    action: str  # this turn: tool_call, answer or invalid
+    tool: str
+    tool_seconds: float
+    answer: str
+    grade: dict[str, Any]
+    grade_seconds: float
+    correct: bool
+    end_reason: str  # answer or max_turns
 
 
 class UnicodeText(gym.spaces.Space[str]):
@@ -331,13 +351,15 @@ class ToolEnv(gym.Env[str, str]):
             logger.exception("grader failed on task %s", self.task.id)
             return Grade(0.0, False, {"prediction": answer, "error": repr(exc)})
 
-    def _info(self, **extra: Any) -> dict[str, Any]:
+    def _info(self, **extra: Any) -> StepInfo:
         assert self.task is not None
-        return {
+        info: StepInfo = {
             "tools": self.tool_schemas,  # on every step: wrappers may start mid-episode
             "messages": self.messages,
             "task_id": self.task.id,
             "turn": self._turn,
             "tool_calls": self._tool_calls,
-            **extra,
+            "call_format": self.call_format,
         }
+        info.update(extra)  # type: ignore[typeddict-item]
+        return info

@@ -141,19 +141,13 @@ class OpenEnvGym(gym.Env[str, str]):
 
     `client` is a connected sync client (``TurnClient(base_url=...).sync()``). Tasks are
     chosen by id (``reset(options={"task_id": ...})``) or by the server's own draw; the
-    call format and tool schemas are the server's.
+    call format and tool schemas come with every observation's info.
     """
 
     def __init__(self, client: Any) -> None:
         self.client = client
         self.action_space = UnicodeText(32_000)
         self.observation_space = UnicodeText(1_000_000)
-        # The server's call format and tools, which the rollout's stop strings need before
-        # the first episode: read from a first reset and the session state.
-        first = self.client.reset()
-        self.call_format = self.client.state().call_format
-        self.tool_schemas: list[dict[str, Any]] = first.observation.tools
-        self.tools = {schema["function"]["name"]: schema for schema in self.tool_schemas}
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -163,8 +157,7 @@ class OpenEnvGym(gym.Env[str, str]):
         if "task" in options:  # a Task object cannot cross the wire: its id does
             options["task_id"] = options.pop("task").id
         result = self.client.reset(seed=seed, **options)
-        obs = result.observation
-        self.tool_schemas = obs.tools
+        obs = result.observation  # its info is the server env's StepInfo (call_format, ...)
         return obs.text, {**obs.info, "messages": obs.messages, "tools": obs.tools}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:

@@ -9,16 +9,24 @@ batch for all members by default); GRPO calls it once with ``member=None`` and g
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from copes.agents.policy import Policy
     from copes.agents.rollout import RolloutBatch
+    from copes.optimizers.es import MemberResult
+    from copes.optimizers.perturb import Perturbation
 
 
 class RolloutFn(Protocol):
-    def __call__(self, policy: Policy, member: int | None = None) -> RolloutBatch: ...
+    """The trajectories of (step, member): which tasks and sampling seeds follow from them
+    alone (no call-order state). `member` is an ES member's index, None for a step's shared
+    batch (GRPO: `samples_per_task` samples of each task, set where the rollout is built)."""
+
+    def __call__(self, policy: Policy, step: int, member: int | None = None) -> RolloutBatch: ...
 
 
 @dataclass
@@ -34,11 +42,66 @@ class StepStats:
 
 
 class Optimizer(Protocol):
-    def step(self, policy: Policy, rollout: RolloutFn) -> StepStats: ...
+    """All the trainer knows of an optimizer (`copes.train` never asks which one runs).
+
+    `samples_per_task`: trajectories per task in a step's batch (GRPO's group; ES: 1).
+    `replays`: whether a step's `StepStats.log` re-applies the step without rollouts (ES:
+    seeds and rewards); the trainer then fsyncs every record before anything else, and a
+    resume hands the records after the last checkpoint to `replay`.
+    """
+
+    samples_per_task: int
+    replays: bool
+
+    def step(self, policy: Policy, rollout: RolloutFn, step: int) -> StepStats:
+        """Step number `step` (the trainer's counter, the only one)."""
+        ...
 
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def export_model(self, policy: Policy) -> Any:
+        """The trained model as a plain transformers model, for `save_pretrained`."""
+        ...
+
+    def master_state(self, policy: Policy, model: Any) -> dict[str, Any] | None:
+        """Weights the exported `model` cannot hold exactly (ES: the fp32 master of a bf16
+        model), saved beside it; None when there are none."""
+        ...
+
+    def load_weights(self, policy: Policy, checkpoint: Path) -> None:
+        """A checkpoint's weights into the live policy (before `load_state_dict`)."""
+        ...
+
+    def replay(self, records: Sequence[dict[str, Any]], policy: Policy) -> None:
+        """Re-apply logged steps (only called when `replays`)."""
+        ...
+
+    def fingerprint(self, policy: Policy) -> str | None:
+        """A checksum of the trained state that replicas must agree on (None: none kept)."""
+        ...
+
+
+class PopulationEvaluator(Protocol):
+    """Where an ES/CoPES step's members are evaluated: in this process (`LocalEvaluator`),
+    on Ray actors (`copes.distributed.RayPopulation`), or, later, many in one batch."""
+
+    def evaluate(self, step: int, members: Sequence[Perturbation]) -> list[MemberResult]:
+        """One result per member, in member order."""
+        ...
+
+    def applied(self, step: int, rewards: Sequence[float]) -> dict[str, float]:
+        """The update of `step` was applied here: bring replicas along; extra metrics."""
+        ...
+
+
+def load_checkpoint_weights(policy: Policy, checkpoint: Path) -> None:
+    """A checkpoint folder's transformers weights into the live policy."""
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(checkpoint, dtype="auto")
+    policy.load_weights(loaded.state_dict())  # type: ignore[attr-defined]
 
 
 def flag(help: str, default: Any) -> Any:

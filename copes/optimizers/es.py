@@ -32,7 +32,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from copes.optimizers.base import RolloutFn, StepStats
+from copes.optimizers.base import (
+    PopulationEvaluator,
+    RolloutFn,
+    StepStats,
+    load_checkpoint_weights,
+)
 from copes.optimizers.configs import CoPESConfig, Schedule
 from copes.optimizers.perturb import (
     Perturbation,
@@ -92,14 +97,16 @@ class MemberResult:
     weight_seconds: float = 0.0  # perturb + restore
 
 
-def evaluate_member(policy: Policy, rollout: RolloutFn, member: Perturbation) -> MemberResult:
+def evaluate_member(
+    policy: Policy, rollout: RolloutFn, member: Perturbation, step: int
+) -> MemberResult:
     """Perturb the policy's weights, roll out the member's task batch, restore (always)."""
     weights = policy.weights()
     start = time.perf_counter()
     weights.perturb(member)
     weight_seconds = time.perf_counter() - start
     try:
-        batch = rollout(policy, member.member)
+        batch = rollout(policy, step, member.member)
     finally:
         start = time.perf_counter()
         weights.restore()
@@ -115,12 +122,43 @@ def evaluate_member(policy: Policy, rollout: RolloutFn, member: Perturbation) ->
     )
 
 
+class LocalEvaluator:
+    """Members evaluated one after another in this process, on the policy's own weights."""
+
+    def __init__(self, policy: Policy, rollout: RolloutFn) -> None:
+        self.policy = policy
+        self.rollout = rollout
+
+    def evaluate(self, step: int, members: Sequence[Perturbation]) -> list[MemberResult]:
+        from tqdm.auto import tqdm
+
+        return [
+            evaluate_member(self.policy, self.rollout, member, step)
+            for member in tqdm(members, desc=f"step {step} members", leave=False, disable=None)
+        ]
+
+    def applied(self, step: int, rewards: Sequence[float]) -> dict[str, float]:
+        return {}  # no replicas
+
+
 class CoPES:
-    """CoPES (and ES with K = 1) as an ask/tell optimizer over a `WeightSpace`."""
+    """CoPES (and ES with K = 1) as an ask/tell optimizer over a `WeightSpace`.
+
+    A step asks for its members, has a `PopulationEvaluator` score them (this process by
+    default; `use_evaluator` for Ray actors), and tells the update to the weights.
+    """
+
+    samples_per_task = 1  # ES scores each member on the batch's tasks once
+    replays = True  # a step is its seeds and rewards: the log re-applies it exactly
 
     def __init__(self, config: CoPESConfig | None = None) -> None:
         self.config = config or CoPESConfig()
         self.step_count = 0
+        self.evaluator: PopulationEvaluator | None = None
+
+    def use_evaluator(self, evaluator: PopulationEvaluator | None) -> None:
+        """Evaluate members with `evaluator` (None: in this process)."""
+        self.evaluator = evaluator
 
     # ------------------------------------------------------------------ ask / tell
     def sigma_at(self, step: int) -> float:
@@ -191,30 +229,30 @@ class CoPES:
         self.step_count = step + 1
         return coefficients
 
-    def replay(self, entries: Sequence[dict[str, Any]], weights: WeightSpace) -> None:
-        """Re-apply logged steps (their `step` and `rewards`) without any rollout."""
+    def replay(self, entries: Sequence[dict[str, Any]], policy: Any) -> None:
+        """Re-apply logged steps (their `step` and `rewards`) without any rollout; `policy`
+        may also be a bare `WeightSpace`."""
+        weights = policy.weights() if hasattr(policy, "weights") else policy
         for entry in entries:
             step = int(entry["step"])
             self.tell(step, self.ask(step), entry["rewards"], weights)
 
     # ------------------------------------------------------------------ one training step
-    def step(self, policy: Policy, rollout: RolloutFn) -> StepStats:
-        """Evaluate every member on the rollout's task batch, then update (one step).
-
-        This is the single-process loop; `copes.distributed` runs the same members on many
-        replicas with `ask`, `evaluate_member`, `tell` and `step_stats`.
-        """
-        from tqdm.auto import tqdm
-
-        step = self.step_count
+    def step(self, policy: Policy, rollout: RolloutFn, step: int | None = None) -> StepStats:
+        """Evaluate every member of step `step` (default: the one after the last applied)
+        on the rollout's task batch, then update."""
+        step = self.step_count if step is None else step
         members = self.ask(step)
-        results = [
-            evaluate_member(policy, rollout, member)
-            for member in tqdm(members, desc=f"step {step} members", leave=False, disable=None)
-        ]
+        evaluator = self.evaluator or LocalEvaluator(policy, rollout)
+        results = evaluator.evaluate(step, members)
+        rewards = [r.reward for r in results]
         start = time.perf_counter()
-        self.tell(step, members, [r.reward for r in results], policy.weights())
-        return self.step_stats(step, members, results, time.perf_counter() - start)
+        self.tell(step, members, rewards, policy.weights())
+        update_seconds = time.perf_counter() - start
+        extra = evaluator.applied(step, rewards)
+        stats = self.step_stats(step, members, results, update_seconds)
+        stats.metrics.update(extra)
+        return stats
 
     def step_stats(
         self,
@@ -258,3 +296,22 @@ class CoPES:
         known = {f.name for f in fields(CoPESConfig)}
         self.config = CoPESConfig(**{k: v for k, v in state["config"].items() if k in known})
         self.step_count = int(state["step_count"])
+
+    # ------------------------------------------------------------------ weights in and out
+    def export_model(self, policy: Policy) -> Any:
+        return policy.export_model()  # type: ignore[attr-defined]
+
+    def master_state(self, policy: Policy, model: Any) -> dict[str, Any] | None:
+        """The fp32 master, when the exported `model`'s dtype cannot hold it (bf16)."""
+        import torch
+
+        if all(p.dtype == torch.float32 for p in model.parameters()):
+            return None
+        return policy.weights().master_state()
+
+    def load_weights(self, policy: Policy, checkpoint: Any) -> None:
+        load_checkpoint_weights(policy, checkpoint)
+        policy.weights().sync_from_working()
+
+    def fingerprint(self, policy: Policy) -> str | None:
+        return policy.weights().checksum()

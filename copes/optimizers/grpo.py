@@ -6,7 +6,7 @@ Source: Shao et al. 2024, "DeepSeekMath" (GRPO); options from Yu et al. 2025, "D
 
 One step with G samples per task (`group_size`):
 
-1. `rollout(policy, None)` returns G trajectories per task, grouped by `Trajectory.task_id`;
+1. `rollout(policy, step)` returns G trajectories per task, grouped by `Trajectory.task_id`;
 2. advantage of trajectory i in its task's group: A_i = (r_i - mean(r)) / (std(r) + 1e-4)
    (`scale_rewards="group"`, std with Bessel's correction as in TRL) or A_i = r_i - mean(r)
    (`"none"`, Dr. GRPO); a group whose rewards are all equal has A = 0 (no signal);
@@ -26,9 +26,10 @@ ratio does not correct for it. Trajectories with A = 0 contribute exactly zero g
 beta = 0, so they are not forwarded at all (they still count in the loss's denominator).
 
 The model is trained in its own dtype: full-parameter GRPO wants fp32 weights (a 1e-6 AdamW
-step vanishes in bf16). With `lora=True` the policy's model is wrapped by peft in place
-(`policy.model` becomes the PeftModel, so generation uses the adapted model) and only the
-adapter is trained; the reference for the KL is then the same model with the adapter off.
+step vanishes in bf16). With `lora=True` the policy's model is wrapped by peft
+(`policy.set_trainable_model` installs the PeftModel, so generation uses the adapted model)
+and only the adapter is trained; the reference for the KL is then the same model with the
+adapter off.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from copes.optimizers.base import RolloutFn, StepStats
+from copes.agents.policy import TrainablePolicy
+from copes.optimizers.base import RolloutFn, StepStats, load_checkpoint_weights
 from copes.optimizers.configs import _STRUCTURAL, GRPOConfig
 
 if TYPE_CHECKING:
@@ -122,13 +124,21 @@ class GRPO:
         policy: its `.model` is trained in place (wrapped by peft first when `config.lora`).
     """
 
+    replays = False  # a step depends on sampled tokens and AdamW state: checkpoints resume it
+
     def __init__(self, config: GRPOConfig, policy: Policy) -> None:
         self.config = config
         self.step_count = 0
-        model = policy.model  # type: ignore[attr-defined]
+        if not isinstance(policy, TrainablePolicy):
+            raise TypeError(
+                f"GRPO trains a TrainablePolicy (a torch module it owns); {type(policy).__name__} "
+                "is not one (a vLLM policy needs trainable=True)"
+            )
+        self.policy = policy
+        model = policy.trainable_model
         if config.lora:
             model = _wrap_lora(model, config)
-            policy.model = model  # type: ignore[attr-defined]
+            policy.set_trainable_model(model)
         self.model = model
         if config.gradient_checkpointing:
             _enable_activation_checkpointing(model)
@@ -149,7 +159,7 @@ class GRPO:
         self.pad_id = int(pad if pad is not None else 0)
 
     # ------------------------------------------------------------------ one step
-    def step(self, policy: Policy, rollout: RolloutFn) -> StepStats:
+    def step(self, policy: Policy, rollout: RolloutFn, step: int | None = None) -> StepStats:
         """Sample G trajectories per task, then `updates_per_batch` clipped-surrogate updates.
 
         Metrics: reward_mean/std and accuracy (fraction `correct`) of the batch;
@@ -159,7 +169,8 @@ class GRPO:
         removed), approx_kl (old -> new, k3), ratio_mean, kl (to the reference, beta > 0);
         grad_norm (before clipping) and skipped_update (a non-finite gradient).
         """
-        batch = rollout(policy, None)
+        step = self.step_count if step is None else step
+        batch = rollout(policy, step)
         start = time.perf_counter()
         cfg = self.config
         groups = _check_batch(batch, cfg.group_size)
@@ -181,7 +192,7 @@ class GRPO:
             ]
         finally:
             self.model.eval()
-        self.step_count += 1
+        self.step_count = step + 1
 
         r = torch.tensor(rewards, dtype=torch.float64)
         zero_variance = [len({rewards[i] for i in members}) == 1 for members in groups.values()]
@@ -203,7 +214,7 @@ class GRPO:
             env_seconds=getattr(stats, "env_seconds", 0.0),
             optimizer_seconds=time.perf_counter() - start,
             generated_tokens=int(getattr(stats, "generated_tokens", denominators[0])),
-            log={"step": self.step_count - 1},
+            log={"step": step},
         )
 
     def _update(
@@ -270,6 +281,7 @@ class GRPO:
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
             if math.isfinite(grad_norm):
                 self.optimizer.step()
+                self.policy.weights_changed()
             else:
                 logger.warning("GRPO: non-finite gradient norm (%s); update skipped", grad_norm)
         self.optimizer.zero_grad(set_to_none=True)
@@ -336,9 +348,32 @@ class GRPO:
             from peft import set_peft_model_state_dict
 
             set_peft_model_state_dict(self.model, tensors["lora_adapter"])
+            self.policy.weights_changed()
         self.optimizer.load_state_dict(tensors["adamw"])
 
-    # ------------------------------------------------------------------ export
+    @property
+    def samples_per_task(self) -> int:
+        return self.config.group_size  # G samples per task: the group advantages are over
+
+    # ------------------------------------------------------------------ weights in and out
+    def export_model(self, policy: Policy) -> Any:
+        return self.merged_model()
+
+    def master_state(self, policy: Policy, model: Any) -> dict[str, Any] | None:
+        return None  # the exported model is the trained weights, in their own dtype
+
+    def load_weights(self, policy: Policy, checkpoint: Any) -> None:
+        """Full GRPO: the checkpoint's weights. LoRA: nothing here, the adapter is in the
+        optimizer state (the checkpoint is the merged model, which is not the base)."""
+        if not self.config.lora:
+            load_checkpoint_weights(policy, checkpoint)
+
+    def replay(self, records: Sequence[dict[str, Any]], policy: Policy) -> None:
+        raise NotImplementedError("GRPO steps are not replayable; resume from a checkpoint")
+
+    def fingerprint(self, policy: Policy) -> str | None:
+        return None
+
     def merged_model(self) -> Any:
         """A plain transformers model to `save_pretrained`: the live model itself for full
         GRPO, a merged copy for LoRA (the training model keeps its adapter untouched)."""

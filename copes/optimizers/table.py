@@ -24,6 +24,11 @@ class OptimizerSpec:
     algorithm: str = ""  # "module:Class"; the class takes (config) or (config, policy)
     takes_policy: bool = False
     summary: str = ""
+    # Which TrainConfig field sets the training rollouts' temperature (ES scores greedily,
+    # Qiu et al.; GRPO samples), and whether it trains by gradients (a vLLM run then keeps a
+    # trainable transformers copy).
+    rollout_temperature: str = "es_temperature"
+    gradients: bool = False
 
     def flags(self) -> set[str]:
         return {f.name for f in fields(self.config)}
@@ -65,11 +70,13 @@ OPTIMIZERS: dict[str, OptimizerSpec] = {
         ),
         OptimizerSpec(
             "grpo", GRPOConfig, algorithm="copes.optimizers.grpo:GRPO", takes_policy=True,
-            summary="group-relative policy gradient",
+            summary="group-relative policy gradient", rollout_temperature="temperature",
+            gradients=True,
         ),
         OptimizerSpec(
             "lora-grpo", GRPOConfig, algorithm="copes.optimizers.grpo:GRPO", fixed={"lora": True},
             takes_policy=True, summary="GRPO on a LoRA adapter",
+            rollout_temperature="temperature", gradients=True,
         ),
     )
 }  # fmt: skip

@@ -158,7 +158,7 @@ def test_perturb_matches_transformers_and_restore_is_exact(engine, tiny_policy):
 def test_a_copes_step_gives_the_same_weights_on_both_backends(engine, tiny_policy):
     envs = math_envs(3)
 
-    def rollout_fn(policy, member):
+    def rollout_fn(policy, step, member=None):
         batch = rollout(policy, envs, GREEDY, seeds=[0] * 3)
         for trajectory in batch:  # the warm start scores 0: reward a signal that varies
             trajectory.reward = trajectory.num_generated_tokens / 100
@@ -186,7 +186,7 @@ def test_grpo_weight_sync_is_visible_in_generations(engine):
     group_envs = math_envs(2, copies=2)
     sampling = SamplingConfig(max_new_tokens=32, temperature=1.0, seed=3, stop=GREEDY.stop)
 
-    def rollout_fn(policy, member):
+    def rollout_fn(policy, step, member=None):
         batch = rollout(policy, group_envs, sampling, seeds=[0] * 4)
         for i, trajectory in enumerate(batch):  # distinct rewards in each group: a real update
             trajectory.reward = float(i % 2)

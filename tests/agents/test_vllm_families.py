@@ -132,7 +132,7 @@ def test_a_copes_step_a_grpo_step_and_an_evaluation_on_the_engine(pair, family_d
             for env in envs:
                 env.close()
 
-    def es_rollout(policy, member):
+    def es_rollout(policy, step, member=None):
         batch = episodes(policy, 1, SamplingConfig(64, temperature=0))
         for trajectory in batch:  # the memorized episode scores alike: vary it by member
             trajectory.reward += 0.1 * member
@@ -152,7 +152,7 @@ def test_a_copes_step_a_grpo_step_and_an_evaluation_on_the_engine(pair, family_d
         engine.weights().load_master_state(base)
         hf.weights().load_master_state(base)
 
-    def grpo_rollout(policy, member):
+    def grpo_rollout(policy, step, member=None):
         batch = episodes(policy, 2, SamplingConfig(64, temperature=1.0, seed=5))
         for i, trajectory in enumerate(batch):  # a group with distinct rewards: an update
             trajectory.reward = float(i)

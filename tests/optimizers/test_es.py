@@ -170,7 +170,7 @@ class ToyPolicy:
             logits = self.model(self.prompt).logits[0, -1]
         return torch.softmax(logits, -1)[self.target].item()
 
-    def rollout(self, policy, member=None):
+    def rollout(self, policy, step, member=None):
         traj = Trajectory("toy", [], [], [], [], 0, reward=self.reward())
         return RolloutBatch([traj], RolloutStats())
 

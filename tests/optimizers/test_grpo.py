@@ -87,7 +87,7 @@ class SayTarget:
         self.prompts = prompts
         self.calls = 0
 
-    def __call__(self, policy, member=None):
+    def __call__(self, policy, step, member=None):
         assert member is None  # GRPO asks once for the whole batch
         sampling = SamplingConfig(max_new_tokens=self.max_new_tokens, seed=self.seed + self.calls)
         self.calls += 1
@@ -123,7 +123,7 @@ class Fixed:
     def __init__(self, trajectories):
         self.trajectories = trajectories
 
-    def __call__(self, policy, member=None):
+    def __call__(self, policy, step, member=None):
         return RolloutBatch(copy.deepcopy(self.trajectories), RolloutStats())
 
 
@@ -133,7 +133,7 @@ def weights(model):
 
 def success_rate(policy, samples_per_prompt=32):
     """Mean reward on a fixed held-out sample (a seed training never uses)."""
-    batch = SayTarget(samples_per_prompt, seed=10_000)(policy)
+    batch = SayTarget(samples_per_prompt, seed=10_000)(policy, 0)
     return sum(t.reward for t in batch) / len(batch)
 
 
@@ -224,7 +224,7 @@ def test_all_equal_rewards_give_no_update_and_no_nan(tokenizer):
     policy = make_policy(tokenizer)
     before = weights(policy.model)
     grpo = GRPO(GRPOConfig(group_size=4, learning_rate=1e-2), policy)
-    batch = SayTarget(4)(policy)
+    batch = SayTarget(4)(policy, 0)
     for t in batch:
         t.reward = 1.0
     stats = grpo.step(policy, Fixed(list(batch)))
@@ -281,7 +281,7 @@ def test_masked_tokens_get_no_gradient(tokenizer):
 
 def test_clip_fraction_counts_shifted_old_logprobs(tokenizer):
     policy = make_policy(tokenizer)
-    batch = SayTarget(8, seed=3)(policy)
+    batch = SayTarget(8, seed=3)(policy, 0)
     grpo = GRPO(GRPOConfig(group_size=8, learning_rate=1e-3, micro_batch_size=16), policy)
     # the same weights (same seed) with the true log-probs: the ratio is 1 up to float error
     twin = make_policy(tokenizer)
