@@ -78,14 +78,14 @@ FULL = {
     # invalid_penalty: -0.2 per turn with neither a closed tool call nor an answer, the
     # shaping under which ES moved the tiny agent (docs/results.md); every method gets it.
     "train": {"batch_size": 16, "max_new_tokens": 64, "max_turns": 3, "eval_tasks": 64,
-              "num_train_tasks": 1000, "invalid_penalty": 0.2},
+              "num_train_tasks": 1000, "invalid_penalty": 0.2, "eval_task_seed": 0},
     "passk": {"passk_n": 4, "passk_ks": (1, 4), "passk_tasks": 32},
 }
 QUICK = {
     "methods": ["es", "copes-k2", "grpo"], "seeds": [0], "budget_tokens": 2_500,
     "budget_seconds": 20,
     "train": {"batch_size": 4, "max_new_tokens": 48, "max_turns": 3, "eval_tasks": 8,
-              "num_train_tasks": 200, "invalid_penalty": 0.2},
+              "num_train_tasks": 200, "invalid_penalty": 0.2, "eval_task_seed": 0},
     "passk": {"passk_n": 2, "passk_ks": (1, 2), "passk_tasks": 8},
 }
 # fmt: on

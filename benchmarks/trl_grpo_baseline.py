@@ -7,7 +7,8 @@ rollout engine: copes' multi-turn episodes, which TRL receives through
 `copes.integrations.trl.CopesRollout`. So the comparison isolates the trainer (loss,
 backward, optimizer, bookkeeping) and checks that copes' GRPO learns like the GRPO the field
 uses. Each side runs in its own process (peak RSS = that process's ru_maxrss), then both are
-validated by the same greedy copes rollout on one fixed validation split.
+validated by the same greedy copes rollout on one fixed validation split (the same tasks for
+every seed, so seeds are comparable).
 
     python benchmarks/trl_grpo_baseline.py                    # tiny agent, 20 steps, 3 seeds
     python benchmarks/trl_grpo_baseline.py --steps 30 --model <folder>
@@ -42,10 +43,15 @@ def _model_dir(model: str) -> str:
     return str(ensure_tiny_agent(progress=False))
 
 
+VALIDATION_SEED = 0  # one validation split for every seed and both sides
+
+
 def _validation_tasks(args: argparse.Namespace) -> list[Any]:
     from copes.envs.presets import load_tasks
 
-    return load_tasks("synthetic-math", "validation", limit=args.eval_tasks, task_seed=args.seed)
+    return load_tasks(
+        "synthetic-math", "validation", limit=args.eval_tasks, task_seed=VALIDATION_SEED
+    )
 
 
 def _validate(model: Any, tokenizer: Any, args: argparse.Namespace) -> float:
@@ -129,7 +135,7 @@ def run_copes(args: argparse.Namespace) -> dict[str, Any]:
             optimizer="grpo", model=path, out_dir=str(Path(out) / "run"), steps=args.steps,
             batch_size=SHAPE["batch_size"], max_new_tokens=SHAPE["max_new_tokens"],
             max_turns=SHAPE["max_turns"], num_train_tasks=args.train_tasks,
-            eval_every=0, eval_tasks=args.eval_tasks, checkpoint_every=0, seed=args.seed,
+            eval_every=0, eval_tasks=8, checkpoint_every=0, seed=args.seed,
             progress=False, report_to="none", temperature=1.0,
         )  # fmt: skip
         overrides = {
@@ -171,7 +177,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--learning-rate", type=float, default=1e-4)
     p.add_argument("--train-tasks", type=int, default=200)
-    p.add_argument("--eval-tasks", type=int, default=64)
+    p.add_argument("--eval-tasks", type=int, default=128)
     p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)  # one side's seed
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--side", choices=("copes", "trl"), help=argparse.SUPPRESS)

@@ -107,6 +107,11 @@ class TrainConfig:
     checkpoint_every: int = flag("checkpoint every M steps (0: only at the end)", 10)
     keep_checkpoints: int = flag("checkpoints kept", 3)
     seed: int = flag("seed of tasks, sampling and perturbations", 0)
+    eval_task_seed: int | None = flag(
+        "seed that draws generated validation tasks (unset: --seed); fix it to give runs with "
+        "different seeds one shared validation split",
+        None,
+    )
     device: str = flag("auto, cpu or cuda", "auto")
     dtype: str = flag("float32 or bfloat16", "float32")
     backend: str = flag("generation backend: hf (transformers) or vllm", "hf")
@@ -290,12 +295,17 @@ class TaskRollout:
 
 
 # ---------------------------------------------------------------------- building blocks
-def load_tasks_for(config: TrainConfig, split: str, limit: int) -> list[Any]:
+def load_tasks_for(
+    config: TrainConfig, split: str, limit: int, task_seed: int | None = None
+) -> list[Any]:
+    """`limit` tasks of `split`; generated benchmarks draw them with `task_seed` (default:
+    the run's seed)."""
     from copes.envs.presets import load_tasks
 
     assert config.benchmark is not None  # resolved by TrainConfig
+    seed = config.seed if task_seed is None else task_seed
     tasks = load_tasks(
-        config.benchmark, split, data_dir=config.data_dir, limit=limit, task_seed=config.seed
+        config.benchmark, split, data_dir=config.data_dir, limit=limit, task_seed=seed
     )
     if not tasks:
         raise ValueError(f"benchmark {config.benchmark!r} split {split!r} has no tasks")
@@ -429,7 +439,7 @@ class Trainer:
             transformers_logging.disable_progress_bar()
         # Data and env first: a missing file or a foreign env fails before the model loads.
         train_tasks = load_tasks_for(c, c.train_split, c.num_train_tasks)
-        eval_tasks = load_tasks_for(c, c.eval_split, c.eval_tasks)
+        eval_tasks = load_tasks_for(c, c.eval_split, c.eval_tasks, c.eval_task_seed)
         env_factory(c)
         import torch
 

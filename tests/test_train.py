@@ -193,3 +193,14 @@ def test_es_members_share_tasks_and_sampling_draws_with_the_same_batch(tiny_poli
         assert [(t.messages, t.reward) for t in first] == [(t.messages, t.reward) for t in second]
     else:
         assert [t.messages[0] for t in first] != [t.messages[0] for t in second]
+
+
+def test_eval_task_seed_fixes_the_validation_split_across_seeds():
+    from copes.train import TrainConfig, load_tasks_for
+
+    def validation(seed, eval_task_seed=None):
+        config = TrainConfig(seed=seed, eval_task_seed=eval_task_seed)
+        return [t.question for t in load_tasks_for(config, "validation", 8, config.eval_task_seed)]
+
+    assert validation(0) != validation(1)  # by default the split follows --seed
+    assert validation(0, eval_task_seed=7) == validation(1, eval_task_seed=7)
