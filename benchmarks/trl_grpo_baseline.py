@@ -135,7 +135,7 @@ def run_copes(args: argparse.Namespace) -> dict[str, Any]:
             optimizer="grpo", model=path, out_dir=str(Path(out) / "run"), steps=args.steps,
             batch_size=SHAPE["batch_size"], max_new_tokens=SHAPE["max_new_tokens"],
             max_turns=SHAPE["max_turns"], num_train_tasks=args.train_tasks,
-            eval_every=0, eval_tasks=8, checkpoint_every=0, seed=args.seed,
+            eval_every=0, eval_tasks=8, checkpoint_every=0, seed=args.seed,  # its own, unused
             progress=False, report_to="none", temperature=1.0,
         )  # fmt: skip
         overrides = {
