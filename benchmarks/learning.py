@@ -60,6 +60,12 @@ METHODS: dict[str, dict[str, Any]] = {
     "copes-k8":  {"optimizer": "copes",     **ES, "num_subspaces": 8},
     "grpo":      {"optimizer": "grpo",      **GRPO, "learning_rate": 1e-4},
     "lora-grpo": {"optimizer": "lora-grpo", **GRPO, "learning_rate": 1e-3},
+    # The same ES/CoPES with the whole population in one batched rollout
+    # (copes.optimizers.batched): the same updates, more of them per second.
+    "es-batched":       {"optimizer": "es",    **ES, "num_subspaces": 1,
+                         "population_eval": "batched"},
+    "copes-k4-batched": {"optimizer": "copes", **ES, "num_subspaces": 4,
+                         "population_eval": "batched"},
 }
 # The paper's ablations, at its best K = 4: one mean/std per subspace instead of one joint;
 # no sqrt(K) sigma scaling; ES with CoPES-K=4's larger per-coordinate sigma (2 sigma) alone.

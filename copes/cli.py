@@ -201,6 +201,15 @@ def dry_run(config: Any, optimizer_overrides: dict[str, Any]) -> dict[str, Any]:
     shape = ModelShape.from_config(model_config_)
     seq_len = config.max_context or config.max_turns * config.max_new_tokens + 512
     estimates = compare_optimizers(shape, seq_len, generation_batch_size=config.batch_size)
+    if config.population_eval == "batched":  # the run's own optimizer, N copies in one batch
+        from copes.optimizers.memory import estimate_memory
+        from copes.train import optimizer_config
+
+        size = optimizer_config(config, optimizer_overrides).population_size
+        estimates[f"{config.optimizer} (--population-eval batched, N={size})"] = estimate_memory(
+            config.optimizer, shape, seq_len=seq_len,
+            batch_size=size * config.batch_size, population_copies=size,
+        )  # fmt: skip
     memory = {
         name: {"total_gib": round(e.total / 2**30, 3), **e.as_dict()}
         for name, e in estimates.items()

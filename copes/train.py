@@ -17,16 +17,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from copes.agents.policy import Policy, SamplingConfig
-from copes.agents.rollout import RolloutBatch, rollout
+from copes.agents.rollout import RolloutBatch, RolloutStats, rollout
 from copes.errors import UserError
 from copes.optimizers.base import Optimizer, flag
 from copes.optimizers.table import OPTIMIZERS as OPTIMIZER_TABLE
 from copes.optimizers.table import get_optimizer, is_population
 from copes.run_log import MetricsLog, append_jsonl, drop_torn_tail, read_jsonl
 from copes.seeding import derive_seed
+
+if TYPE_CHECKING:
+    from copes.agents.population import PopulationPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +41,7 @@ RESUMABLE_CHANGES = frozenset(
         "steps", "max_tokens", "max_seconds", "resume", "progress", "tensorboard", "out_dir",
         "report_to",
         "eval_every", "checkpoint_every", "keep_checkpoints", "workers", "ray_address",
-        "checksum_every", "gpu_memory_utilization",
+        "checksum_every", "gpu_memory_utilization", "population_eval",
     }
 )  # fmt: skip
 # Each preset env's tasks when no --benchmark is given (other envs: a benchmark registered
@@ -130,6 +133,11 @@ class TrainConfig:
         "with --workers: Ray cluster to join, e.g. auto (unset: start one here)", None
     )
     checksum_every: int = flag("with --workers: compare replica checksums every M steps", 10)
+    population_eval: str = flag(
+        "ES/CoPES: how a step's members are evaluated: sequential (one after another) or "
+        "batched (all in one episode loop over N stacked weight copies; --backend hf)",
+        "sequential",
+    )
 
     def __post_init__(self) -> None:
         get_optimizer(self.optimizer)  # unknown names fail here, listing the table
@@ -164,6 +172,21 @@ class TrainConfig:
                 f"--workers spreads an ES/CoPES population over Ray actors; {self.optimizer} "
                 "trains in one process (use --workers 0)"
             )
+        if self.population_eval not in ("sequential", "batched"):
+            raise ValueError(
+                f"unknown --population-eval {self.population_eval!r}; choose sequential or batched"
+            )
+        if self.population_eval == "batched":
+            if not is_population(self.optimizer):
+                raise ValueError(
+                    f"--population-eval batched evaluates an ES/CoPES population; "
+                    f"{self.optimizer} has none (drop the flag)"
+                )
+            if self.backend != "hf" or self.workers:
+                raise ValueError(
+                    "--population-eval batched runs in this process on the transformers "
+                    "backend: use --backend hf and --workers 0 (or --population-eval sequential)"
+                )
 
     def _resolve_env_and_benchmark(self) -> None:
         """Fill in the env and benchmark each other's defaults, and check both exist."""
@@ -270,6 +293,8 @@ class TaskRollout:
         self.same_batch = same_batch
         self.max_context = max_context
         self.envs = [make_env() for _ in range(self.batch_size * samples_per_task)]
+        self._make_env = make_env
+        self._population_envs: list[Any] = []  # `population`'s, made on first use
 
     def tasks_of(self, step: int, member: int | None = None) -> list[Any]:
         """The tasks `member` (None: the step's shared batch) sees at `step`."""
@@ -277,20 +302,66 @@ class TaskRollout:
         rng = random.Random(derive_seed("batch", self.seed, step, draw))
         return rng.sample(self.tasks, self.batch_size)
 
+    def sampling_of(self, step: int, member: int | None = None) -> SamplingConfig:
+        """The sampling of (step, member)'s episodes."""
+        if self.sampling.greedy:
+            return self.sampling
+        # With the same batch, every member also gets the same sampling draws (common
+        # random numbers): reward differences then come from the weights, not the dice.
+        draws = None if self.same_batch else member
+        return replace(self.sampling, seed=derive_seed("sample", self.seed, step, draws))
+
     def __call__(self, policy: Any, step: int, member: int | None = None) -> RolloutBatch:
         tasks = self.tasks_of(step, member)
         options = [{"task": t} for t in tasks for _ in range(self.samples)]
-        sampling = self.sampling
-        if not sampling.greedy:
-            # With the same batch, every member also gets the same sampling draws (common
-            # random numbers): reward differences then come from the weights, not the dice.
-            draws = None if self.same_batch else member
-            sampling = replace(sampling, seed=derive_seed("sample", self.seed, step, draws))
         envs = self.envs[: len(options)]
+        sampling = self.sampling_of(step, member)
         return rollout(policy, envs, sampling, options=options, max_context=self.max_context)
 
+    def population(
+        self, policy: PopulationPolicy, step: int, members: Sequence[int]
+    ) -> list[RolloutBatch]:
+        """The batches of several members of `step` in one rollout: what `self(policy, step,
+        m)` gives for each m, each episode with its member's weights and sampling stream.
+
+        Episodes are interleaved task-major (task 0 of every member, then task 1, ...), so a
+        batch of the episode loop holds about as many rows of every member.
+        """
+        plans = [(self.tasks_of(step, m), self.sampling_of(step, m)) for m in members]
+        per_member = self.batch_size * self.samples
+        while len(self._population_envs) < per_member * len(members):
+            self._population_envs.append(self._make_env())
+        options, owners, streams, where = [], [], [], []
+        for j in range(per_member):
+            for slot, (tasks, sampling) in enumerate(plans):
+                options.append({"task": tasks[j // self.samples]})
+                owners.append(slot)
+                # The stream this episode (index j) samples from when its member runs alone.
+                seed = sampling.seed if sampling.seed is not None else self.seed
+                streams.append(derive_seed("episode-sampling", seed, j))
+                where.append((slot, j))
+        policy.assign(owners, streams)
+        envs = self._population_envs[: len(options)]
+        batch = rollout(policy, envs, plans[0][1], options=options, max_context=self.max_context)
+        grouped: list[list[Any]] = [[None] * per_member for _ in members]
+        for (slot, j), trajectory in zip(where, batch, strict=True):
+            grouped[slot][j] = trajectory
+        share = len(members)
+        return [
+            RolloutBatch(
+                trajectories,
+                RolloutStats(
+                    generation_seconds=batch.stats.generation_seconds / share,
+                    env_seconds=batch.stats.env_seconds / share,
+                    generated_tokens=sum(t.num_generated_tokens for t in trajectories),
+                    generate_calls=batch.stats.generate_calls,
+                ),
+            )
+            for trajectories in grouped
+        ]
+
     def close(self) -> None:
-        for env in self.envs:
+        for env in self.envs + self._population_envs:
             env.close()
 
 
@@ -464,6 +535,12 @@ class Trainer:
             make_env, eval_tasks, len(eval_tasks), c.eval_samples, eval_sampling, c.seed + 1,
             True, c.max_context,
         )  # fmt: skip
+        if c.population_eval == "batched":  # N weight copies: refused now if they do not fit
+            from copes.optimizers.batched import BatchedEvaluator
+
+            size = optimizer_config(c, self.optimizer_overrides).population_size
+            evaluator = BatchedEvaluator(self.policy, self.train_rollout, size)  # type: ignore[arg-type]
+            self.optimizer.use_evaluator(evaluator)  # type: ignore[attr-defined]
         self.budget = Budget()
         self.log: MetricsLog | None = None  # opened by run()
         self.population: Any = None  # --workers: RayPopulation, started by run()

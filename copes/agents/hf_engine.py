@@ -35,6 +35,7 @@ from copes.agents.sampling import chosen_logprobs, sample_tokens, stream
 
 if TYPE_CHECKING:
     from copes.agents.hf import HFPolicy
+    from copes.agents.population import PopulationPolicy
 
 # Decode steps a row's `next_turn` (its tool call) overlaps before the row must re-join.
 TOOL_OVERLAP_STEPS = 3
@@ -84,8 +85,21 @@ class _StopCheck:
 class EpisodeEngine:
     """Runs `HFPolicy.generate_episodes` (one call = one set of episodes)."""
 
-    def __init__(self, policy: HFPolicy, sampling: SamplingConfig, next_turn: NextTurn) -> None:
+    def __init__(
+        self,
+        policy: HFPolicy | PopulationPolicy,
+        sampling: SamplingConfig,
+        next_turn: NextTurn,
+        *,
+        members: Sequence[int] | None = None,
+        streams: Sequence[int] | None = None,
+    ) -> None:
+        """`members`: the population member of each episode, for a `PopulationPolicy`
+        (told to its stacked model before every forward pass); `streams`: each episode's
+        sampling-stream seed (default: derived from the sampling seed and its index)."""
         self.policy = policy
+        self.members = None if members is None else list(members)
+        self.streams = None if streams is None else list(streams)
         self.model = policy.model
         self.sampling = sampling
         self.next_turn = next_turn
@@ -106,9 +120,13 @@ class EpisodeEngine:
             seed = int(torch.randint(2**62, (1,)).item())
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
+        seeds = self.streams or [
+            derive_seed("episode-sampling", seed, i) for i in range(len(prompts))
+        ]
+        if len(seeds) != len(prompts) or (self.members and len(self.members) != len(prompts)):
+            raise ValueError("one member and one stream per prompt")
         fresh = deque(
-            _Episode(i, list(p), stream(derive_seed("episode-sampling", seed, i)), list(p))
-            for i, p in enumerate(prompts)
+            _Episode(i, list(p), stream(seeds[i]), list(p)) for i, p in enumerate(prompts)
         )
         running: list[_Episode] = []  # in the order of their slots in `batch`
         self.capacity = min(self.policy.batch_size, len(prompts))
@@ -119,6 +137,7 @@ class EpisodeEngine:
                 joining, parts = self._admit(waiting, fresh, len(running))
                 if joining:  # prefill their prompts, or what followed their last turn
                     joined = KVBatch.concat(parts)
+                    self._select(joining)
                     logits = joined.forward(self.model, [e.feed for e in joining], self.pad_id)
                     self.stats["forward_passes"] += 1
                     self.stats["prefill_tokens"] += sum(len(e.feed) for e in joining)
@@ -132,6 +151,7 @@ class EpisodeEngine:
                         running.extend(joining[r] for r in stay)
                 if not running:
                     continue
+                self._select(running)
                 logits = batch.forward(self.model, [e.feed[0] for e in running])
                 self.stats["forward_passes"] += 1
                 self.stats["decode_steps"] += 1
@@ -193,13 +213,30 @@ class EpisodeEngine:
             shared += 1
         if len(episodes) < 2 or shared < MIN_SHARED_PREFIX:
             return KVBatch.empty(len(episodes), self.device)
-        prefix = KVBatch.empty(1, self.device)
-        prefix.forward(self.model, [prompts[0][:shared]], self.pad_id)
-        self.stats["forward_passes"] += 1
-        self.stats["prefill_tokens"] += shared
         for episode in episodes:
             episode.feed = episode.feed[shared:]
-        return prefix.repeat(len(episodes))
+        if self.members is None:
+            prefix = KVBatch.empty(1, self.device)
+            prefix.forward(self.model, [prompts[0][:shared]], self.pad_id)
+            self.stats["forward_passes"] += 1
+            self.stats["prefill_tokens"] += shared
+            return prefix.repeat(len(episodes))
+        # A population: the prefix's cache differs per member, so one row per member.
+        firsts: dict[int, _Episode] = {}
+        for episode in episodes:
+            firsts.setdefault(self.members[episode.index], episode)
+        prefix = KVBatch.empty(len(firsts), self.device)
+        self._select(list(firsts.values()))
+        prefix.forward(self.model, [prompts[0][:shared]] * len(firsts), self.pad_id)
+        self.stats["forward_passes"] += 1
+        self.stats["prefill_tokens"] += shared * len(firsts)
+        row_of = {member: row for row, member in enumerate(firsts)}
+        return prefix.take([row_of[self.members[e.index]] for e in episodes])
+
+    def _select(self, rows: Sequence[_Episode]) -> None:
+        """Tell a population's stacked model the member of each row of the next forward."""
+        if self.members is not None:
+            self.policy.stacked.select([self.members[e.index] for e in rows])  # type: ignore[union-attr]
 
     # ------------------------------------------------------------------ one token per row
     def _choose(

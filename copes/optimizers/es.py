@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +49,7 @@ from copes.optimizers.perturb import (
 
 if TYPE_CHECKING:
     from copes.agents.policy import Policy
+    from copes.agents.rollout import RolloutBatch
 
 
 def _scheduled(base: float, kind: Schedule, step: int, total: int, final: float) -> float:
@@ -96,11 +97,29 @@ class MemberResult:
     generated_tokens: int = 0
     weight_seconds: float = 0.0  # perturb + restore
 
+    @classmethod
+    def of(cls, member: int, batch: RolloutBatch, weight_seconds: float) -> MemberResult:
+        """The result of `member` from its rollout batch."""
+        return cls(
+            member=member,
+            reward=float(np.mean([t.reward for t in batch])) if batch else 0.0,
+            accuracy=float(np.mean([t.correct for t in batch])) if batch else 0.0,
+            generation_seconds=batch.stats.generation_seconds,
+            env_seconds=batch.stats.env_seconds,
+            generated_tokens=batch.stats.generated_tokens,
+            weight_seconds=weight_seconds,
+        )
+
 
 def evaluate_member(
-    policy: Policy, rollout: RolloutFn, member: Perturbation, step: int
+    policy: Policy,
+    rollout: RolloutFn,
+    member: Perturbation,
+    step: int,
+    on_batch: Callable[[int, RolloutBatch], None] | None = None,
 ) -> MemberResult:
-    """Perturb the policy's weights, roll out the member's task batch, restore (always)."""
+    """Perturb the policy's weights, roll out the member's task batch, restore (always);
+    `on_batch(member, batch)` sees the trajectories (diagnostics, benchmarks)."""
     weights = policy.weights()
     start = time.perf_counter()
     weights.perturb(member)
@@ -111,29 +130,30 @@ def evaluate_member(
         start = time.perf_counter()
         weights.restore()
         weight_seconds += time.perf_counter() - start
-    return MemberResult(
-        member=member.member,
-        reward=float(np.mean([t.reward for t in batch])) if batch else 0.0,
-        accuracy=float(np.mean([t.correct for t in batch])) if batch else 0.0,
-        generation_seconds=batch.stats.generation_seconds,
-        env_seconds=batch.stats.env_seconds,
-        generated_tokens=batch.stats.generated_tokens,
-        weight_seconds=weight_seconds,
-    )
+    if on_batch is not None:
+        on_batch(member.member, batch)
+    return MemberResult.of(member.member, batch, weight_seconds)
 
 
 class LocalEvaluator:
-    """Members evaluated one after another in this process, on the policy's own weights."""
+    """Members evaluated one after another in this process, on the policy's own weights
+    (`on_batch`: as in `evaluate_member`)."""
 
-    def __init__(self, policy: Policy, rollout: RolloutFn) -> None:
+    def __init__(
+        self,
+        policy: Policy,
+        rollout: RolloutFn,
+        on_batch: Callable[[int, RolloutBatch], None] | None = None,
+    ) -> None:
         self.policy = policy
         self.rollout = rollout
+        self.on_batch = on_batch
 
     def evaluate(self, step: int, members: Sequence[Perturbation]) -> list[MemberResult]:
         from tqdm.auto import tqdm
 
         return [
-            evaluate_member(self.policy, self.rollout, member, step)
+            evaluate_member(self.policy, self.rollout, member, step, self.on_batch)
             for member in tqdm(members, desc=f"step {step} members", leave=False, disable=None)
         ]
 

@@ -163,6 +163,7 @@ class MemoryEstimate:
     kv_cache: int = 0
     reference_model: int = 0
     perturbation_workspace: int = 0
+    population_weights: int = 0  # ES/CoPES --population-eval batched: N stacked copies
     host_master_weights: int = 0
 
     @property
@@ -256,6 +257,7 @@ def estimate_memory(
     kv_cache_dtype_bytes: int | None = None,
     logits_chunk_tokens: int | None = None,
     prefill_chunk_tokens: int = 8192,
+    population_copies: int = 0,
 ) -> MemoryEstimate:
     """Peak GPU memory of one step of `optimizer` on sequences of `seq_len` tokens.
 
@@ -279,6 +281,9 @@ def estimate_memory(
         logits_chunk_tokens: GRPO's loss computes logits for this many tokens at a time (a
             chunked / fused linear-cross-entropy); None materializes all of them.
         prefill_chunk_tokens: tokens in one generation forward (chunked prefill).
+        population_copies: ES/CoPES with the batched evaluator (`copes.optimizers.batched`)
+            hold this many stacked weight copies beside the model; `batch_size` is then the
+            rows of the whole population's episode loop (N x tasks).
     """
     if optimizer not in OPTIMIZERS:
         raise ValueError(
@@ -311,7 +316,10 @@ def estimate_memory(
             activations=tokens * (2 * h + 3 * shape.intermediate_size) * dtype_bytes,
             logits=batch_size * vocab * 4,  # fp32 logits of the next token, for sampling
             perturbation_workspace=workspace,
+            population_weights=population_copies * params * dtype_bytes,
         )
+    if population_copies:
+        raise ValueError(f"{optimizer} has no population to batch (population_copies > 0)")
 
     # GRPO and LoRA-GRPO: backprop through every layer, so the same activations and logits.
     tokens = seq_len * batch_size

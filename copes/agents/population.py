@@ -1,0 +1,288 @@
+"""A whole ES population in one batch: every batch row computes with its own member's weights.
+
+Sequential ES evaluation runs N rollouts one after another, each bound by the decode steps of
+its longest episode. Here the N perturbed copies of the weights are stacked (``[N, *shape]``
+per parameter) and one episode loop runs every member's episodes together; before each
+forward pass the engine says which member each batch row belongs to (`StackedModel.select`),
+and the model's layers compute row by row with that member's copy:
+
+- `nn.Linear`: the rows are dealt into an ``[N, width, in]`` grid (width = most rows any
+  member has in the batch; empty cells are never read back), multiplied by the stacked
+  weights in one batched matmul (`torch.bmm`), and gathered back into batch order;
+- `nn.Embedding`: a gather from the stacked tables by (member, token);
+- modules whose own parameters are all 1-D (RMSNorm/LayerNorm-style scales and biases): the
+  parameter is replaced, for the call, by the row's copy shaped to broadcast over the row.
+
+Anything else (a subclass of Linear/Embedding with its own forward, such as Gemma's scaled
+embedding, or a module holding 2-D+ parameters, such as fused MoE experts) is refused when
+the model is wrapped: computing it with one member's weights for all rows would be silently
+wrong. The arithmetic is the same as per-member evaluation up to the kernels' rounding (a
+batched matmul may sum in another order), so greedy tokens are identical in float64 and
+almost always in float32 (`benchmarks/population_batch.py` reports the fraction).
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from copes.agents.hf import HFPolicy
+    from copes.agents.policy import Generation, SamplingConfig
+
+
+def _own_parameters(module: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
+    return [(n, p) for n, p in module.named_parameters(recurse=False) if p.is_floating_point()]
+
+
+def _kind(module: torch.nn.Module) -> str | None:
+    """How `module`'s own parameters are batched per row (None: it has none); raises for a
+    module that cannot be batched exactly."""
+    params = _own_parameters(module)
+    if not params:
+        return None
+    cls = type(module)
+    if isinstance(module, torch.nn.Linear):
+        if cls.forward is not torch.nn.Linear.forward:
+            raise TypeError(f"{cls.__name__} is a Linear with its own forward")
+        return "linear"
+    if isinstance(module, torch.nn.Embedding):
+        if cls.forward is not torch.nn.Embedding.forward:
+            raise TypeError(f"{cls.__name__} is an Embedding with its own forward")
+        return "embedding"
+    if all(p.dim() == 1 for _, p in params):
+        return "elementwise"
+    shapes = {n: tuple(p.shape) for n, p in params}
+    raise TypeError(f"{cls.__name__} holds parameters {shapes} outside a Linear")
+
+
+class StackedModel:
+    """`members` copies of a model's floating parameters, and the patch that makes each
+    batch row of a forward pass compute with its member's copy.
+
+    Fill copy i with `fill(i)` (the model's current parameters: perturb, fill, restore);
+    inside `with stacked.active():`, call `select(members)` before every forward pass.
+    """
+
+    def __init__(self, model: torch.nn.Module, members: int) -> None:
+        if members < 1:
+            raise ValueError(f"a population needs at least one member, got {members}")
+        self.model = model
+        self.members = members
+        self.modules: list[tuple[str, torch.nn.Module, str]] = []
+        for name, module in model.named_modules():
+            try:
+                kind = _kind(module)
+            except TypeError as exc:
+                raise ValueError(
+                    f"batched population evaluation cannot run {name or 'the model'}: {exc}, "
+                    "so it cannot compute each batch row with its own member's weights; use "
+                    "--population-eval sequential"
+                ) from None
+            if kind is not None:
+                self.modules.append((name, module, kind))
+        # One stack per parameter object: tied weights (embeddings = lm_head) share it.
+        self.stacks: dict[int, torch.Tensor] = {}
+        for _, module, _ in self.modules:
+            for _, p in _own_parameters(module):
+                if id(p) not in self.stacks:
+                    self.stacks[id(p)] = p.detach().new_empty((members, *p.shape))
+        self._rows: torch.Tensor | None = None
+        self._grids: dict[tuple[Any, ...], torch.Tensor] = {}
+        self._flat: torch.Tensor | None = None
+        self._width = 0
+
+    @staticmethod
+    def bytes_needed(model: torch.nn.Module, members: int) -> int:
+        """Memory the stacked copies take (the model's own weights not included)."""
+        seen: dict[int, torch.Tensor] = {}
+        for p in model.parameters():
+            if p.is_floating_point():
+                seen[id(p)] = p
+        return members * sum(p.numel() * p.element_size() for p in seen.values())
+
+    def nbytes(self) -> int:
+        return sum(s.numel() * s.element_size() for s in self.stacks.values())
+
+    @torch.no_grad()
+    def fill(self, index: int) -> None:
+        """Copy `index` <- the model's current parameters (e.g. while a member is applied)."""
+        for _, module, _ in self.modules:
+            for _, p in _own_parameters(module):
+                self.stacks[id(p)][index].copy_(p.detach())
+
+    # ------------------------------------------------------------------ rows
+    def select(self, members: Sequence[int]) -> None:
+        """The member of each row of the next forward pass, in batch order."""
+        device = next(iter(self.stacks.values())).device
+        rows = torch.as_tensor(list(members), dtype=torch.long, device=device)
+        if rows.numel() == 0 or int(rows.min()) < 0 or int(rows.max()) >= self.members:
+            raise ValueError(f"row members must lie in [0, {self.members}), got {list(members)}")
+        counts = torch.bincount(rows, minlength=self.members)
+        width = int(counts.max())
+        order = torch.argsort(rows, stable=True)
+        starts = torch.cumsum(counts, 0) - counts
+        rank = torch.empty_like(rows)
+        rank[order] = torch.arange(rows.numel(), device=device) - starts[rows[order]]
+        self._rows, self._flat, self._width = rows, rows * width + rank, width
+
+    def _current(self, batch: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        if self._rows is None or self._flat is None:
+            raise RuntimeError("StackedModel.select(members) must precede every forward pass")
+        if self._rows.numel() != batch:
+            raise RuntimeError(
+                f"{self._rows.numel()} row members selected for a batch of {batch} rows"
+            )
+        return self._rows, self._flat, self._width
+
+    # ------------------------------------------------------------------ per-row layers
+    def _grid(self, xs: torch.Tensor, width: int) -> torch.Tensor:
+        """A reused ``[N * width, T, in]`` buffer for `xs`'s rows. Cells no row fills this
+        time keep earlier activations (finite numbers, unlike fresh memory, whose denormals
+        slow a matmul down): a matmul's output row depends on its input row alone, and those
+        rows are never gathered back."""
+        key = (width, xs.shape[1], xs.shape[2], xs.dtype, xs.device)
+        grid = self._grids.get(key)
+        if grid is None:
+            grid = self._grids[key] = xs.new_zeros((self.members * width, *xs.shape[1:]))
+        return grid
+
+    def _linear(self, module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        _, flat, width = self._current(x.shape[0])
+        weight = self.stacks[id(module.weight)]  # [N, out, in]
+        shape = x.shape
+        xs = x.reshape(shape[0], -1, shape[-1])  # [B, T, in]
+        tokens = xs.shape[1]
+        grid = self._grid(xs, width)
+        grid[flat] = xs
+        grid = grid.view(self.members, width * tokens, shape[-1])
+        if module.bias is not None:
+            bias = self.stacks[id(module.bias)][:, None, :]
+            out = torch.baddbmm(bias, grid, weight.transpose(1, 2))
+        else:
+            out = torch.bmm(grid, weight.transpose(1, 2))
+        out = out.view(self.members * width, tokens, -1)[flat]
+        return out.reshape(*shape[:-1], out.shape[-1])
+
+    def _embedding(self, module: torch.nn.Embedding, ids: torch.Tensor) -> torch.Tensor:
+        rows, _, _ = self._current(ids.shape[0])
+        table = self.stacks[id(module.weight)]  # [N, V, d]
+        index = rows.view(-1, *([1] * (ids.dim() - 1))).expand_as(ids)
+        return table[index, ids]
+
+    @contextmanager
+    def active(self) -> Iterator[StackedModel]:
+        """Patch the model so every row uses its member's copy; undone on exit (always)."""
+        undo: list[Callable[[], None]] = []
+        try:
+            for _, module, kind in self.modules:
+                if kind == "linear":
+                    module.forward = types.MethodType(  # type: ignore[method-assign]
+                        lambda mod, x: self._linear(mod, x), module
+                    )
+                    undo.append(lambda m=module: m.__dict__.pop("forward", None))
+                elif kind == "embedding":
+                    module.forward = types.MethodType(  # type: ignore[method-assign]
+                        lambda mod, ids: self._embedding(mod, ids), module
+                    )
+                    undo.append(lambda m=module: m.__dict__.pop("forward", None))
+                else:
+                    undo.append(self._patch_elementwise(module))
+            yield self
+        finally:
+            for restore in reversed(undo):
+                restore()
+            self._rows = self._flat = None
+            self._grids.clear()
+
+    def _patch_elementwise(self, module: torch.nn.Module) -> Callable[[], None]:
+        """Swap the module's 1-D parameters for the rows' copies, shaped [B, 1.., d] after
+        the input's batch dimension, for each call (a forward pre-hook)."""
+        params = dict(_own_parameters(module))
+        for name in params:
+            del module._parameters[name]
+
+        def before(mod: torch.nn.Module, args: tuple[Any, ...]) -> None:
+            x = args[0]
+            rows, _, _ = self._current(x.shape[0])
+            for name, p in params.items():
+                copies = self.stacks[id(p)][rows]  # [B, d]
+                shape = (x.shape[0], *([1] * (x.dim() - 1 - p.dim())), *p.shape)
+                object.__setattr__(mod, name, copies.view(shape))
+
+        handle = module.register_forward_pre_hook(before)
+
+        def restore() -> None:
+            handle.remove()
+            for name, p in params.items():
+                module.__dict__.pop(name, None)
+                module._parameters[name] = p
+
+        return restore
+
+
+class PopulationPolicy:
+    """An `EpisodePolicy` view of an `HFPolicy` whose episode loop serves a whole population:
+    episode e runs with member ``members[e]``'s weights and samples from its own stream
+    ``streams[e]`` (so a member's episode draws exactly what it would alone).
+
+    Set both per rollout with `assign`; `rollout(...)` then drives it like any policy.
+    """
+
+    supports_episodes = True
+
+    def __init__(self, base: HFPolicy, stacked: StackedModel, batch_size: int) -> None:
+        self.base = base
+        self.stacked = stacked
+        self.batch_size = batch_size
+        self.chat = base.chat
+        self.tokenizer = base.tokenizer
+        self.eos_ids = base.eos_ids
+        self._members: list[int] = []
+        self._streams: list[int] = []
+
+    @property
+    def model(self) -> Any:
+        return self.base.model
+
+    @property
+    def device(self) -> torch.device:
+        return self.base.device
+
+    @property
+    def max_context(self) -> int:
+        return self.base.max_context
+
+    def assign(self, members: Sequence[int], streams: Sequence[int]) -> None:
+        """The member and sampling-stream seed of each episode of the next rollout."""
+        if len(members) != len(streams):
+            raise ValueError("one member and one stream per episode")
+        self._members, self._streams = list(members), list(streams)
+
+    def generate_ids(self, *args: Any, **kwargs: Any) -> list[Generation]:
+        raise NotImplementedError("a population is served through its episode loop only")
+
+    def generate_episodes(
+        self,
+        prompts: Sequence[Sequence[int]],
+        sampling: SamplingConfig,
+        next_turn: Callable[[int, Generation], Sequence[int] | None],
+        *,
+        threads: int = 16,
+    ) -> dict[str, float]:
+        from copes.agents.hf_engine import EpisodeEngine
+
+        if len(prompts) != len(self._members):
+            raise ValueError(
+                f"{len(prompts)} episodes but {len(self._members)} assigned members: "
+                "call assign() before each rollout"
+            )
+        engine = EpisodeEngine(
+            self, sampling, next_turn, members=self._members, streams=self._streams
+        )
+        with self.stacked.active():
+            return engine.run(prompts, threads)
