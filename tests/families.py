@@ -255,14 +255,24 @@ def _fingerprint(family: Family) -> str:
 
 def build_family(name: str, cache_dir: Path, *, max_steps: int = 1500) -> Path:
     """The folder of family `name`'s tiny trained model (built once into `cache_dir`)."""
+    import fcntl
+
+    family = FAMILIES[name]
+    folder = Path(cache_dir) / f"family-{name}-{_fingerprint(family)}"
+    Path(cache_dir).mkdir(parents=True, exist_ok=True)
+    # One builder at a time: CI runs the main and the vLLM suites side by side on one cache.
+    with open(Path(cache_dir) / f".family-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / "episodes.json").exists():
+            _build_family(family, folder, max_steps)
+    return folder
+
+
+def _build_family(family: Family, folder: Path, max_steps: int) -> None:
     from transformers import AutoTokenizer
 
     from copes.agents.chat import ChatFormat
 
-    family = FAMILIES[name]
-    folder = Path(cache_dir) / f"family-{name}-{_fingerprint(family)}"
-    if (folder / "episodes.json").exists():
-        return folder
     torch.manual_seed(0)
     corpus = [QUESTION, (TEMPLATES / family.template).read_text()]
     for call_format in family.call_formats:
@@ -289,7 +299,6 @@ def build_family(name: str, cache_dir: Path, *, max_steps: int = 1500) -> Path:
 
         shutil.rmtree(folder)
     scratch.rename(folder)
-    return folder
 
 
 def _memorize(model: Any, examples: list[tuple[list[int], list[int]]], max_steps: int) -> float:
