@@ -293,7 +293,14 @@ class VerifiersRollout:
         self.sampling = sampling
         self.seed = seed
         self.concurrency = concurrency
-        max_turns = int(taskset.env_kwargs.get("max_turns", 4))
+        # verifiers' own cap on model calls: above every task's env turn limit (the env ends
+        # the episode itself), including limits the benchmark's env kwargs set.
+        import inspect
+
+        from copes.envs.core import ToolEnv
+
+        default = inspect.signature(ToolEnv.__init__).parameters["max_turns"].default
+        max_turns = max(int(t.data.env_kwargs.get("max_turns", default)) for t in self.tasks)
         self.agent_config = vf.AgentConfig(
             model="copes-policy",
             client=_PLACEHOLDER,
