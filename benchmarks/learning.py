@@ -66,6 +66,14 @@ METHODS: dict[str, dict[str, Any]] = {
                          "population_eval": "batched"},
     "copes-k4-batched": {"optimizer": "copes", **ES, "num_subspaces": 4,
                          "population_eval": "batched"},
+    # CoPES K=4 with the low-rank family (--noise lowrank, rank 4, the same sigma and alpha:
+    # its noise has unit variance per entry too; untuned): sequential, and served as N
+    # adapters in one batch.
+    "copes-k4-lowrank":         {"optimizer": "copes", **ES, "num_subspaces": 4,
+                                 "noise": "lowrank", "noise_rank": 4},
+    "copes-k4-lowrank-batched": {"optimizer": "copes", **ES, "num_subspaces": 4,
+                                 "noise": "lowrank", "noise_rank": 4,
+                                 "population_eval": "batched"},
 }
 # The paper's ablations, at its best K = 4: one mean/std per subspace instead of one joint;
 # no sqrt(K) sigma scaling; ES with CoPES-K=4's larger per-coordinate sigma (2 sigma) alone.

@@ -205,10 +205,14 @@ def dry_run(config: Any, optimizer_overrides: dict[str, Any]) -> dict[str, Any]:
         from copes.optimizers.memory import estimate_memory
         from copes.train import optimizer_config
 
-        size = optimizer_config(config, optimizer_overrides).population_size
-        estimates[f"{config.optimizer} (--population-eval batched, N={size})"] = estimate_memory(
-            config.optimizer, shape, seq_len=seq_len,
-            batch_size=size * config.batch_size, population_copies=size,
+        opt_config = optimizer_config(config, optimizer_overrides)
+        size, rank = opt_config.population_size, opt_config.perturbation_rank
+        noise = f", --noise lowrank r={rank}" if rank else ""
+        estimates[f"{config.optimizer} (--population-eval batched{noise}, N={size})"] = (
+            estimate_memory(
+                config.optimizer, shape, seq_len=seq_len, batch_size=size * config.batch_size,
+                population_copies=size, population_rank=rank,
+            )
         )  # fmt: skip
     memory = {
         name: {"total_gib": round(e.total / 2**30, 3), **e.as_dict()}

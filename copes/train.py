@@ -135,7 +135,8 @@ class TrainConfig:
     checksum_every: int = flag("with --workers: compare replica checksums every M steps", 10)
     population_eval: str = flag(
         "ES/CoPES: how a step's members are evaluated: sequential (one after another) or "
-        "batched (all in one episode loop over N stacked weight copies; --backend hf)",
+        "batched (all in one episode loop over N stacked weight copies, or N adapters with "
+        "--noise lowrank; --backend hf)",
         "sequential",
     )
 
@@ -538,8 +539,11 @@ class Trainer:
         if c.population_eval == "batched":  # N weight copies: refused now if they do not fit
             from copes.optimizers.batched import BatchedEvaluator
 
-            size = optimizer_config(c, self.optimizer_overrides).population_size
-            evaluator = BatchedEvaluator(self.policy, self.train_rollout, size)  # type: ignore[arg-type]
+            opt_config = optimizer_config(c, self.optimizer_overrides)
+            evaluator = BatchedEvaluator(
+                self.policy, self.train_rollout, opt_config.population_size,  # type: ignore[arg-type]
+                rank=opt_config.perturbation_rank,
+            )  # fmt: skip
             self.optimizer.use_evaluator(evaluator)  # type: ignore[attr-defined]
         self.budget = Budget()
         self.log: MetricsLog | None = None  # opened by run()

@@ -106,6 +106,20 @@ def test_workers_give_the_one_process_weights_bit_for_bit(
     assert any(not torch.equal(initial[k], trained[k]) for k in initial)
 
 
+@pytest.mark.slow
+def test_low_rank_members_on_a_worker_resumed_match_one_process(local_ray, tiny, tmp_path):
+    """--noise lowrank travels as seeds too: a Ray worker, stopped after one step and resumed
+    from the checkpoint, ends with the one-process run's weights bit for bit."""
+    low = [*RUN, *tiny, "--noise", "lowrank", "--noise-rank", "2"]
+    one = tmp_path / "one"
+    assert train_main([*low, "--out-dir", str(one)]) == 0
+    out = tmp_path / "ray"
+    args = [*low, "--workers", "1", "--checksum-every", "1", "--out-dir", str(out)]
+    assert train_main([*args, "--steps", "1"]) == 0
+    assert train_main([*args, "--resume"]) == 0
+    assert_same_run(out, one)
+
+
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime

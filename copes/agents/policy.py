@@ -98,6 +98,7 @@ class Weights(Protocol):
     """
 
     num_coordinates: int
+    num_matrix_rows: int  # rows of the 2-D+ tensors: what --noise lowrank partitions
 
     def perturb(self, perturbation: Any) -> None: ...
 

@@ -60,7 +60,76 @@ def _kind(module: torch.nn.Module) -> str | None:
     raise TypeError(f"{cls.__name__} holds parameters {shapes} outside a Linear")
 
 
-class StackedModel:
+class _RowMembers:
+    """The member of each batch row of the next forward pass, and the ``[N, width]`` grid
+    the rows are dealt into for per-member batched matmuls."""
+
+    members: int
+
+    def _init_rows(self) -> None:
+        self._rows: torch.Tensor | None = None
+        self._grids: dict[tuple[Any, ...], torch.Tensor] = {}
+        self._flat: torch.Tensor | None = None
+        self._width = 0
+
+    def _device(self) -> torch.device:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ rows
+    def select(self, members: Sequence[int]) -> None:
+        """The member of each row of the next forward pass, in batch order."""
+        device = self._device()
+        rows = torch.as_tensor(list(members), dtype=torch.long, device=device)
+        if rows.numel() == 0 or int(rows.min()) < 0 or int(rows.max()) >= self.members:
+            raise ValueError(f"row members must lie in [0, {self.members}), got {list(members)}")
+        counts = torch.bincount(rows, minlength=self.members)
+        width = int(counts.max())
+        order = torch.argsort(rows, stable=True)
+        starts = torch.cumsum(counts, 0) - counts
+        rank = torch.empty_like(rows)
+        rank[order] = torch.arange(rows.numel(), device=device) - starts[rows[order]]
+        self._rows, self._flat, self._width = rows, rows * width + rank, width
+
+    def _current(self, batch: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        if self._rows is None or self._flat is None:
+            raise RuntimeError("select(members) must precede every forward pass")
+        if self._rows.numel() != batch:
+            raise RuntimeError(
+                f"{self._rows.numel()} row members selected for a batch of {batch} rows"
+            )
+        return self._rows, self._flat, self._width
+
+    # ------------------------------------------------------------------ per-row layers
+    def _grid(self, xs: torch.Tensor, width: int) -> torch.Tensor:
+        """A reused ``[N * width, T, in]`` buffer for `xs`'s rows. Cells no row fills this
+        time keep earlier activations (finite numbers, unlike fresh memory, whose denormals
+        slow a matmul down): a matmul's output row depends on its input row alone, and those
+        rows are never gathered back."""
+        key = (width, xs.shape[1], xs.shape[2], xs.dtype, xs.device)
+        grid = self._grids.get(key)
+        if grid is None:
+            grid = self._grids[key] = xs.new_zeros((self.members * width, *xs.shape[1:]))
+        return grid
+
+    def _grouped_matmul(
+        self, xs: torch.Tensor, rhs: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Row b of `xs` ([B, T, in]) times its member's ``rhs[m]`` ([N, in, out]), plus
+        its ``bias[m]`` ([N, 1, out]): one batched matmul over the member grid."""
+        _, flat, width = self._current(xs.shape[0])
+        tokens = xs.shape[1]
+        grid = self._grid(xs, width)
+        grid[flat] = xs
+        grid = grid.view(self.members, width * tokens, xs.shape[-1])
+        out = torch.bmm(grid, rhs) if bias is None else torch.baddbmm(bias, grid, rhs)
+        return out.view(self.members * width, tokens, -1)[flat]
+
+    def _clear_rows(self) -> None:
+        self._rows = self._flat = None
+        self._grids.clear()
+
+
+class StackedModel(_RowMembers):
     """`members` copies of a model's floating parameters, and the patch that makes each
     batch row of a forward pass compute with its member's copy.
 
@@ -91,10 +160,10 @@ class StackedModel:
             for _, p in _own_parameters(module):
                 if id(p) not in self.stacks:
                     self.stacks[id(p)] = p.detach().new_empty((members, *p.shape))
-        self._rows: torch.Tensor | None = None
-        self._grids: dict[tuple[Any, ...], torch.Tensor] = {}
-        self._flat: torch.Tensor | None = None
-        self._width = 0
+        self._init_rows()
+
+    def _device(self) -> torch.device:
+        return next(iter(self.stacks.values())).device
 
     @staticmethod
     def bytes_needed(model: torch.nn.Module, members: int) -> int:
@@ -115,57 +184,12 @@ class StackedModel:
             for _, p in _own_parameters(module):
                 self.stacks[id(p)][index].copy_(p.detach())
 
-    # ------------------------------------------------------------------ rows
-    def select(self, members: Sequence[int]) -> None:
-        """The member of each row of the next forward pass, in batch order."""
-        device = next(iter(self.stacks.values())).device
-        rows = torch.as_tensor(list(members), dtype=torch.long, device=device)
-        if rows.numel() == 0 or int(rows.min()) < 0 or int(rows.max()) >= self.members:
-            raise ValueError(f"row members must lie in [0, {self.members}), got {list(members)}")
-        counts = torch.bincount(rows, minlength=self.members)
-        width = int(counts.max())
-        order = torch.argsort(rows, stable=True)
-        starts = torch.cumsum(counts, 0) - counts
-        rank = torch.empty_like(rows)
-        rank[order] = torch.arange(rows.numel(), device=device) - starts[rows[order]]
-        self._rows, self._flat, self._width = rows, rows * width + rank, width
-
-    def _current(self, batch: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-        if self._rows is None or self._flat is None:
-            raise RuntimeError("StackedModel.select(members) must precede every forward pass")
-        if self._rows.numel() != batch:
-            raise RuntimeError(
-                f"{self._rows.numel()} row members selected for a batch of {batch} rows"
-            )
-        return self._rows, self._flat, self._width
-
-    # ------------------------------------------------------------------ per-row layers
-    def _grid(self, xs: torch.Tensor, width: int) -> torch.Tensor:
-        """A reused ``[N * width, T, in]`` buffer for `xs`'s rows. Cells no row fills this
-        time keep earlier activations (finite numbers, unlike fresh memory, whose denormals
-        slow a matmul down): a matmul's output row depends on its input row alone, and those
-        rows are never gathered back."""
-        key = (width, xs.shape[1], xs.shape[2], xs.dtype, xs.device)
-        grid = self._grids.get(key)
-        if grid is None:
-            grid = self._grids[key] = xs.new_zeros((self.members * width, *xs.shape[1:]))
-        return grid
-
     def _linear(self, module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-        _, flat, width = self._current(x.shape[0])
         weight = self.stacks[id(module.weight)]  # [N, out, in]
         shape = x.shape
         xs = x.reshape(shape[0], -1, shape[-1])  # [B, T, in]
-        tokens = xs.shape[1]
-        grid = self._grid(xs, width)
-        grid[flat] = xs
-        grid = grid.view(self.members, width * tokens, shape[-1])
-        if module.bias is not None:
-            bias = self.stacks[id(module.bias)][:, None, :]
-            out = torch.baddbmm(bias, grid, weight.transpose(1, 2))
-        else:
-            out = torch.bmm(grid, weight.transpose(1, 2))
-        out = out.view(self.members * width, tokens, -1)[flat]
+        bias = None if module.bias is None else self.stacks[id(module.bias)][:, None, :]
+        out = self._grouped_matmul(xs, weight.transpose(1, 2), bias)
         return out.reshape(*shape[:-1], out.shape[-1])
 
     def _embedding(self, module: torch.nn.Embedding, ids: torch.Tensor) -> torch.Tensor:
@@ -196,8 +220,7 @@ class StackedModel:
         finally:
             for restore in reversed(undo):
                 restore()
-            self._rows = self._flat = None
-            self._grids.clear()
+            self._clear_rows()
 
     def _patch_elementwise(self, module: torch.nn.Module) -> Callable[[], None]:
         """Swap the module's 1-D parameters for the rows' copies, shaped [B, 1.., d] after
@@ -225,6 +248,119 @@ class StackedModel:
         return restore
 
 
+class LowRankPopulation(_RowMembers):
+    """N low-rank members (`--noise lowrank`) served as per-row adapters on the model's own,
+    unperturbed weights: no weight copies, only each member's factors.
+
+    A member's delta of matrix W is A B^T (`WeightSpace.low_rank_factors`, sign and sigma in
+    A), so a Linear row computes ``W x + A_m (B_m^T x)`` and an Embedding row adds
+    ``A_m[token] B_m^T``; 1-D tensors hold still in this family, so nothing else changes.
+    This is the sequential family's arithmetic reassociated (W + A B^T is never formed):
+    float64 runs agree to rounding, float32 ones to the reported fraction of episodes.
+    Refused, naming the module: a perturbed matrix outside a plain Linear/Embedding (fused
+    MoE experts, Gemma's scaled embedding), whose adapter would be wrong.
+    """
+
+    def __init__(self, model: torch.nn.Module, weights: Any, members: int, rank: int) -> None:
+        if members < 1:
+            raise ValueError(f"a population needs at least one member, got {members}")
+        self.model, self.members, self.rank = model, members, rank
+        matrices = {t.data_ptr(): n for n, t in weights.named_tensors() if t.dim() >= 2}
+        self.modules: list[tuple[torch.nn.Module, str, str]] = []  # (module, matrix, kind)
+        covered: set[str] = set()
+        for name, module in model.named_modules():
+            weight = getattr(module, "weight", None)
+            matrix = matrices.get(weight.data_ptr()) if isinstance(weight, torch.Tensor) else None
+            if matrix is None:
+                continue
+            cls = type(module)
+            if type(module) is torch.nn.Linear or (
+                isinstance(module, torch.nn.Linear) and cls.forward is torch.nn.Linear.forward
+            ):
+                kind = "linear"
+            elif isinstance(module, torch.nn.Embedding) and (
+                cls.forward is torch.nn.Embedding.forward
+            ):
+                kind = "embedding"
+            else:
+                raise ValueError(
+                    f"--noise lowrank cannot serve {name} ({cls.__name__}) as an adapter: its "
+                    "forward is not a plain Linear/Embedding; use --population-eval sequential"
+                )
+            self.modules.append((module, matrix, kind))
+            covered.add(matrix)
+        if missing := sorted(set(matrices.values()) - covered):
+            raise ValueError(
+                f"--noise lowrank cannot serve {missing[0]} as an adapter: no Linear or "
+                "Embedding uses it (e.g. fused MoE experts); use --population-eval sequential"
+            )
+        shapes = {n: t.view(t.shape[0], -1).shape for n, t in weights.named_tensors()}
+        dtype = next(model.parameters()).dtype
+        device = next(model.parameters()).device
+        self.a = {
+            n: torch.zeros(members, shapes[n][0], rank, dtype=dtype, device=device) for n in covered
+        }
+        self.b = {
+            n: torch.zeros(members, shapes[n][1], rank, dtype=dtype, device=device) for n in covered
+        }
+        self._init_rows()
+
+    @staticmethod
+    def bytes_needed(model: torch.nn.Module, members: int, rank: int) -> int:
+        """Memory of N members' factors: (rows + cols) x r per matrix, in the model's dtype."""
+        seen = {p.data_ptr(): p for p in model.parameters() if p.dim() >= 2}
+        per = sum((p.shape[0] + p[0].numel()) * p.element_size() for p in seen.values())
+        return members * rank * per
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.a.values(), *self.b.values()))
+
+    def _device(self) -> torch.device:
+        return next(iter(self.a.values())).device
+
+    @torch.no_grad()
+    def load(self, index: int, factors: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Slot `index` <- one member's factors (`WeightSpace.low_rank_factors`)."""
+        if set(factors) != set(self.a):
+            raise ValueError("factors must cover exactly the matrices this population serves")
+        for name, (a, b) in factors.items():
+            self.a[name][index].copy_(a)
+            self.b[name][index].copy_(b)
+
+    def _linear_delta(self, matrix: str, x: torch.Tensor) -> torch.Tensor:
+        rows, _, _ = self._current(x.shape[0])
+        xs = x.reshape(x.shape[0], -1, x.shape[-1])  # [B, T, in]
+        projected = torch.bmm(xs, self.b[matrix][rows])  # [B, T, r]: B_m^T x, row by row
+        out = self._grouped_matmul(projected, self.a[matrix].transpose(1, 2))  # [B, T, out]
+        return out.reshape(*x.shape[:-1], out.shape[-1])
+
+    def _embedding_delta(self, matrix: str, ids: torch.Tensor) -> torch.Tensor:
+        rows, _, _ = self._current(ids.shape[0])
+        index = rows.view(-1, *([1] * (ids.dim() - 1))).expand_as(ids)
+        picked = self.a[matrix][index, ids]  # [B, T, r]: A_m[token]
+        flat = picked.reshape(ids.shape[0], -1, self.rank)
+        out = torch.bmm(flat, self.b[matrix][rows].transpose(1, 2))  # [B, T, d]
+        return out.reshape(*ids.shape, out.shape[-1])
+
+    @contextmanager
+    def active(self) -> Iterator[LowRankPopulation]:
+        """Add every row's adapter to the outputs (forward hooks); removed on exit (always)."""
+        handles = []
+        try:
+            for module, matrix, kind in self.modules:
+                delta = self._linear_delta if kind == "linear" else self._embedding_delta
+
+                def hook(_: Any, args: tuple[Any, ...], out: Any, m: str = matrix, f=delta) -> Any:
+                    return out + f(m, args[0])
+
+                handles.append(module.register_forward_hook(hook))
+            yield self
+        finally:
+            for handle in handles:
+                handle.remove()
+            self._clear_rows()
+
+
 class PopulationPolicy:
     """An `EpisodePolicy` view of an `HFPolicy` whose episode loop serves a whole population:
     episode e runs with member ``members[e]``'s weights and samples from its own stream
@@ -235,7 +371,9 @@ class PopulationPolicy:
 
     supports_episodes = True
 
-    def __init__(self, base: HFPolicy, stacked: StackedModel, batch_size: int) -> None:
+    def __init__(
+        self, base: HFPolicy, stacked: StackedModel | LowRankPopulation, batch_size: int
+    ) -> None:
         self.base = base
         self.stacked = stacked
         self.batch_size = batch_size

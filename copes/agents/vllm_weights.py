@@ -38,7 +38,7 @@ class VLLMWeights:
         self.policy = policy
         self.chunk_size = chunk_size
         sizes = policy.llm.collective_rpc("copes_init_space", args=(chunk_size, backup_device))
-        self.num_coordinates = int(sizes[0])
+        self.num_coordinates, self.num_matrix_rows = (int(v) for v in sizes[0])
         self.names = [n for n, _ in policy.layout]
 
     def _call(self, method: str, *args: Any) -> list[Any]:

@@ -72,14 +72,14 @@ class UnpackedCPUModelLoader(DefaultModelLoader):
 def encode_perturbation(p: Perturbation) -> list[Any]:
     """Plain values only: collective_rpc arguments must serialize without pickle."""
     s = p.subspace
-    return [p.member, p.seed, s.partition_seed, s.num_subspaces, s.index, p.sign, p.sigma]
+    return [p.member, p.seed, s.partition_seed, s.num_subspaces, s.index, p.sign, p.sigma, p.rank]
 
 
 def decode_perturbation(values: Sequence[Any]) -> Perturbation:
-    member, seed, partition_seed, num_subspaces, index, sign, sigma = values
+    member, seed, partition_seed, num_subspaces, index, sign, sigma, rank = values
     return Perturbation(
         int(member), int(seed), Subspace(int(partition_seed), int(num_subspaces), int(index)),
-        int(sign), float(sigma),
+        int(sign), float(sigma), int(rank),
     )  # fmt: skip
 
 
@@ -100,12 +100,13 @@ class CopesWorkerExtension:
         dtype = str(self._copes_views[0][1].dtype).removeprefix("torch.")
         return {"shards": shards, "dtype": dtype}
 
-    def copes_init_space(self, chunk_size: int, backup_device: str) -> int:
-        """Build the WeightSpace (its fp32 master copy) on the views; returns d."""
+    def copes_init_space(self, chunk_size: int, backup_device: str) -> list[int]:
+        """Build the WeightSpace (its fp32 master copy) on the views; returns d and the rows
+        the low-rank family partitions."""
         self._copes_space = WeightSpace(
             self._copes_views, chunk_size, backup_device, self._copes_shards
         )
-        return self._copes_space.num_coordinates
+        return [self._copes_space.num_coordinates, self._copes_space.num_matrix_rows]
 
     def _space(self) -> WeightSpace:
         space = getattr(self, "_copes_space", None)

@@ -38,6 +38,12 @@ class CoPESConfig:
     )
     schedule_steps: int = flag("steps over which schedules decay (0: no decay)", default=0)
     schedule_final_fraction: float = flag("value at the end of a decay, as a fraction", default=0.1)
+    noise: Literal["full", "lowrank"] = flag(
+        "noise family: full (the paper's Gaussian on every coordinate) or lowrank (rank-r per "
+        "matrix, EGGROLL-style; subspaces partition each matrix's rows; 1-D tensors fixed)",
+        default="full",
+    )
+    noise_rank: int = flag("r of --noise lowrank: each member's delta is rank r per matrix", 1)
     seed: int = flag("seed of every perturbation and partition", default=0)
     chunk_size: int = flag("coordinates per chunk of noise (bounds extra memory)", default=1 << 20)
 
@@ -69,6 +75,15 @@ class CoPESConfig:
                 raise ValueError(f"{name} must be constant, linear or cosine")
         if not 0 <= self.schedule_final_fraction <= 1:
             raise ValueError("schedule_final_fraction must be in [0, 1]")
+        if self.noise not in ("full", "lowrank"):
+            raise ValueError(f"noise must be full or lowrank, got {self.noise!r}")
+        if self.noise_rank < 1:
+            raise ValueError(f"noise_rank must be >= 1, got {self.noise_rank}")
+
+    @property
+    def perturbation_rank(self) -> int:
+        """Rank of every member's noise per matrix (0: full rank)."""
+        return self.noise_rank if self.noise == "lowrank" else 0
 
     @property
     def members_per_subspace(self) -> int:

@@ -206,7 +206,7 @@ class CoPES:
                 seed, sign = derive_seed("member", c.seed, step, k, i // 2), 1 - 2 * (i % 2)
             else:
                 seed, sign = derive_seed("member", c.seed, step, m), 1
-            members.append(Perturbation(m, seed, subspace, sign, sigma_k))
+            members.append(Perturbation(m, seed, subspace, sign, sigma_k, c.perturbation_rank))
         return members
 
     def coefficients(self, rewards: Sequence[float]) -> np.ndarray:
@@ -239,10 +239,16 @@ class CoPES:
         weights: WeightSpace,
     ) -> np.ndarray:
         """Apply the update of `step` to `weights`; returns the coefficients used."""
-        if weights.num_coordinates < self.config.num_subspaces:
+        k = self.config.num_subspaces
+        if weights.num_coordinates < k:
             raise ValueError(
-                f"K={self.config.num_subspaces} subspaces but only {weights.num_coordinates} "
-                "coordinates: every subspace needs at least one"
+                f"K={k} subspaces but only {weights.num_coordinates} coordinates: every "
+                "subspace needs at least one"
+            )
+        if self.config.noise == "lowrank" and weights.num_matrix_rows < k:
+            raise ValueError(
+                f"K={k} subspaces but only {weights.num_matrix_rows} matrix rows: --noise "
+                "lowrank partitions rows, and every subspace needs at least one"
             )
         coefficients = self.coefficients(rewards)
         weights.update(members, coefficients.tolist(), self.learning_rate_at(step))

@@ -164,6 +164,7 @@ class MemoryEstimate:
     reference_model: int = 0
     perturbation_workspace: int = 0
     population_weights: int = 0  # ES/CoPES --population-eval batched: N stacked copies
+    population_adapters: int = 0  # ... with --noise lowrank: N members' rank-r factors
     host_master_weights: int = 0
 
     @property
@@ -187,6 +188,15 @@ class MemoryEstimate:
         lines = [f"{self.optimizer}: GiB"]
         lines += [f"  {name:<{width}}  {value / GIB:10.3f}" for name, value in rows]
         return "\n".join(lines)
+
+
+def matrix_rows_and_cols(shape: ModelShape) -> int:
+    """Sum over the model's matrices of rows + columns: a rank-1 factor pair of each."""
+    h, i, hd = shape.hidden_size, shape.intermediate_size, shape.head_dim
+    q, kv = shape.num_attention_heads * hd, shape.num_kv_heads * hd
+    per_layer = (q + h) + 2 * (kv + h) + (h + q) + 2 * (i + h) + (h + i)
+    heads = 1 if shape.tie_word_embeddings else 2  # embeddings (and an untied LM head)
+    return shape.num_layers * per_layer + heads * (shape.vocab_size + h)
 
 
 def kv_cache_bytes(shape: ModelShape, seq_len: int, batch_size: int, dtype_bytes: int = 2) -> int:
@@ -258,6 +268,7 @@ def estimate_memory(
     logits_chunk_tokens: int | None = None,
     prefill_chunk_tokens: int = 8192,
     population_copies: int = 0,
+    population_rank: int = 0,
 ) -> MemoryEstimate:
     """Peak GPU memory of one step of `optimizer` on sequences of `seq_len` tokens.
 
@@ -284,6 +295,9 @@ def estimate_memory(
         population_copies: ES/CoPES with the batched evaluator (`copes.optimizers.batched`)
             hold this many stacked weight copies beside the model; `batch_size` is then the
             rows of the whole population's episode loop (N x tasks).
+        population_rank: with `population_copies` = N, the members are `--noise lowrank`
+            rank-r deltas served as adapters: N x r x (rows + cols) per matrix instead of N
+            weight copies.
     """
     if optimizer not in OPTIMIZERS:
         raise ValueError(
@@ -316,7 +330,11 @@ def estimate_memory(
             activations=tokens * (2 * h + 3 * shape.intermediate_size) * dtype_bytes,
             logits=batch_size * vocab * 4,  # fp32 logits of the next token, for sampling
             perturbation_workspace=workspace,
-            population_weights=population_copies * params * dtype_bytes,
+            population_weights=0 if population_rank else population_copies * params * dtype_bytes,
+            population_adapters=population_copies
+            * population_rank
+            * dtype_bytes
+            * matrix_rows_and_cols(shape),
         )
     if population_copies:
         raise ValueError(f"{optimizer} has no population to batch (population_copies > 0)")

@@ -14,6 +14,13 @@ a vLLM worker or a Ray actor. Nothing of size d is ever stored besides one maste
 - **Restore copies from a master copy, never subtracts.** The master is fp32 (on CPU by
   default), so restore is exact and updates of 1e-5 that bf16 weights would swallow
   accumulate in the master; the working weights are the master cast to their dtype.
+- **Low-rank members are a second noise family** (`Perturbation.rank` > 0, EGGROLL-style:
+  Sarkar et al., "Evolution Strategies at the Hyperscale", arXiv 2511.16652): the noise of an
+  m x n matrix is A B^T / sqrt(r) with A (m x r) and B (n x r) standard normal, regenerated
+  from seeds like the full-rank noise. CoPES's subspaces are then a stratified random
+  partition of each matrix's rows (the deal continues across matrices), so a member's delta
+  stays rank r and it can be served as an adapter (`copes.agents.population`). 1-D tensors
+  (norm scales, biases) hold still in this family: no adapter can carry them per member.
 - **Tensors may be shards.** Noise and partition are defined on each full (Hugging Face)
   tensor; a tensor-parallel engine that holds rows or columns of it (`Shard`) applies exactly
   the coordinates it holds, so every TP degree sees the same perturbation.
@@ -60,6 +67,11 @@ class Perturbation:
     subspace: Subspace = FULL_SPACE
     sign: int = 1  # -1 for the mirrored half of an antithetic pair
     sigma: float = 1e-3
+    rank: int = 0  # 0: full-rank Gaussian noise (the paper's); r > 0: rank-r per matrix
+
+    def __post_init__(self) -> None:
+        if self.rank < 0:
+            raise ValueError(f"perturbation rank must be >= 0 (0 = full rank), got {self.rank}")
 
 
 @dataclass(frozen=True)
@@ -127,11 +139,21 @@ class _Entry:
     master: torch.Tensor  # fp32 copy on the backup device
     offset: int  # coordinates of all earlier (full) tensors
     shard: Shard | None = None  # None: the tensor is the whole of `name`
+    row_offset: int = 0  # rows of all earlier matrices (the low-rank family's subspace deal)
+
+    @property
+    def full_shape(self) -> tuple[int, ...]:
+        return tuple(self.tensor.shape) if self.shard is None else self.shard.full_shape
 
     @property
     def numel(self) -> int:
         """Coordinates of the full tensor `name` (noise and partition are defined on it)."""
         return self.tensor.numel() if self.shard is None else self.shard.full_numel
+
+    @property
+    def is_matrix(self) -> bool:
+        """Perturbed by the low-rank family (rows x the product of the other dimensions)."""
+        return len(self.full_shape) >= 2
 
 
 class WeightSpace:
@@ -168,7 +190,7 @@ class WeightSpace:
         shards = dict(shards or {})
         if unknown := set(shards) - set(names):
             raise ValueError(f"shards given for tensors not in the space: {sorted(unknown)}")
-        offset = 0
+        offset = rows = 0
         for name, tensor in named_tensors:
             if not tensor.is_floating_point():
                 raise TypeError(f"tensor {name} is {tensor.dtype}; only floating tensors evolve")
@@ -184,10 +206,12 @@ class WeightSpace:
                     f"expects {shard.local_shape}"
                 )
             master = tensor.detach().to(self.backup_device, torch.float32, copy=True)
-            entry = _Entry(name, tensor, master, offset, shard)
+            entry = _Entry(name, tensor, master, offset, shard, rows)
             self._entries.append(entry)
             offset += entry.numel
+            rows += entry.full_shape[0] if entry.is_matrix else 0
         self.num_coordinates = offset
+        self.num_matrix_rows = rows  # what the low-rank family partitions into subspaces
 
     @classmethod
     def from_module(cls, module: torch.nn.Module, **kwargs: object) -> WeightSpace:
@@ -267,6 +291,130 @@ class WeightSpace:
             return slice(0, end - start), slice(start, end)
         return entry.shard.locate(start, end, entry.tensor.device)
 
+    # ------------------------------------------------------------------ the low-rank family
+    def _row_positions(self, entry: _Entry, subspace: Subspace) -> torch.Tensor | None:
+        """Rows of the full matrix `entry` in `subspace` (sorted); None means all of them."""
+        k = subspace.num_subspaces
+        if k == 1:
+            return None
+        device = entry.tensor.device
+        gen = _generator(device, derive_seed("row-partition", subspace.partition_seed, entry.name))
+        order = torch.randperm(entry.full_shape[0], generator=gen, device=device)
+        first = (subspace.index - entry.row_offset) % k  # the deal continues across matrices
+        return order[first::k].sort().values
+
+    def _factors(
+        self, entry: _Entry, perturbation: Perturbation
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(A, B, rows) of a low-rank member's unit noise on the local matrix (rows x cols):
+        eps = A @ B^T, A zero outside `rows` (local row indices; None: every row) and already
+        divided by sqrt(r)."""
+        rank, device = perturbation.rank, entry.tensor.device
+        full_rows = entry.full_shape[0]
+        full_cols = math.prod(entry.full_shape[1:])
+        gen = _generator(device, derive_seed("lowrank-A", perturbation.seed, entry.name))
+        a = torch.randn(full_rows, rank, generator=gen, device=device, dtype=torch.float32)
+        gen = _generator(device, derive_seed("lowrank-B", perturbation.seed, entry.name))
+        b = torch.randn(full_cols, rank, generator=gen, device=device, dtype=torch.float32)
+        a /= math.sqrt(rank)
+        rows = self._row_positions(entry, perturbation.subspace)
+        if rows is not None:
+            keep = torch.zeros(full_rows, dtype=torch.bool, device=device)
+            keep[rows] = True
+            a[~keep] = 0.0
+        shard = entry.shard
+        if shard is not None and shard.dim == 0:
+            a = a[shard.start : shard.stop]
+            if rows is not None:
+                rows = rows[(rows >= shard.start) & (rows < shard.stop)] - shard.start
+        elif shard is not None:
+            b = b[shard.start : shard.stop]
+        return a, b, rows
+
+    def low_rank_factors(
+        self, perturbation: Perturbation
+    ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Each matrix's delta of a low-rank member as (A, B), delta = A @ B^T on the tensor
+        viewed as (rows, cols), sign and sigma folded into A: what an adapter serves."""
+        if perturbation.rank < 1:
+            raise ValueError("low_rank_factors needs a low-rank perturbation (rank >= 1)")
+        scale = perturbation.sign * perturbation.sigma
+        factors = {}
+        for entry in self._entries:
+            if entry.is_matrix:
+                a, b, _ = self._factors(entry, perturbation)
+                factors[entry.name] = (a * scale, b)
+        return factors
+
+    def row_mask(self, name: str, subspace: Subspace) -> torch.Tensor:
+        """Boolean mask over the local rows of matrix `name` that lie in `subspace` (the
+        low-rank family's partition)."""
+        entry = next(e for e in self._entries if e.name == name)
+        if not entry.is_matrix:
+            raise ValueError(f"{name} is not a matrix: the low-rank family leaves it unperturbed")
+        rows = self._row_positions(entry, subspace)
+        local = entry.tensor.shape[0]
+        mask = torch.ones(entry.full_shape[0], dtype=torch.bool, device=entry.tensor.device)
+        if rows is not None:
+            mask.zero_()[rows] = True
+        if entry.shard is not None and entry.shard.dim == 0:
+            mask = mask[entry.shard.start : entry.shard.stop]
+        return mask[:local]
+
+    def _row_chunks(
+        self, entry: _Entry, rows: torch.Tensor | None
+    ) -> Iterator[slice | torch.Tensor]:
+        """The local rows `rows` (None: all) in pieces of about `chunk_size` coordinates."""
+        cols = entry.tensor[0].numel()
+        step = max(1, self.chunk_size // max(cols, 1))
+        if rows is None:
+            for start in range(0, entry.tensor.shape[0], step):
+                yield slice(start, min(start + step, entry.tensor.shape[0]))
+        else:
+            for start in range(0, rows.numel(), step):
+                yield rows[start : start + step]
+
+    def _perturb_low_rank(self, entry: _Entry, perturbation: Perturbation) -> None:
+        if not entry.is_matrix:
+            return  # 1-D tensors hold still in the low-rank family
+        a, b, rows = self._factors(entry, perturbation)
+        matrix = entry.tensor.view(entry.tensor.shape[0], -1)
+        # The factors' values are those `low_rank_factors` serves (sign and sigma applied in
+        # fp32); the product and the sum run in fp32, or in the weights' own dtype if wider,
+        # so a float64 model's member equals its adapter up to summation order.
+        work = torch.promote_types(matrix.dtype, torch.float32)
+        a = (a * (perturbation.sign * perturbation.sigma)).to(work)
+        b = b.to(work)
+        for index in self._row_chunks(entry, rows):
+            matrix[index] = (matrix[index].to(work) + a[index] @ b.T).to(matrix.dtype)
+
+    def _update_low_rank(
+        self,
+        entry: _Entry,
+        perturbations: Sequence[Perturbation],
+        coefficients: Sequence[float],
+        learning_rate: float,
+    ) -> None:
+        """master += lr * sum_m c_m sign_m A_m B_m^T, as one product of the members' factors
+        concatenated along the rank (the same order on every replica)."""
+        if not entry.is_matrix:
+            return
+        parts_a, parts_b = [], []
+        for p, c in zip(perturbations, coefficients, strict=True):
+            weight = float(c) * p.sign
+            if weight != 0.0:
+                a, b, _ = self._factors(entry, p)
+                parts_a.append(a * weight)
+                parts_b.append(b)
+        if not parts_a:
+            return
+        a, b = torch.cat(parts_a, dim=1), torch.cat(parts_b, dim=1)
+        device = entry.tensor.device
+        master = entry.master.view(entry.master.shape[0], -1)
+        for index in self._row_chunks(entry, None):
+            new = master[index].to(device) + learning_rate * (a[index] @ b.T)
+            master[index] = new.to(master.device)
+
     # ------------------------------------------------------------------ in-place operations
     @torch.no_grad()
     def perturb(self, perturbation: Perturbation) -> None:
@@ -274,6 +422,10 @@ class WeightSpace:
 
         Expects restored weights (call `restore()` between members).
         """
+        if perturbation.rank:
+            for entry in self._entries:
+                self._perturb_low_rank(entry, perturbation)
+            return
         scale = perturbation.sign * perturbation.sigma
         for entry in self._entries:
             flat = entry.tensor.view(-1)
@@ -342,29 +494,48 @@ class WeightSpace:
         """
         if len(perturbations) != len(coefficients):
             raise ValueError("one coefficient per perturbation is required")
-        for entry in self._entries:
-            device = entry.tensor.device
-            master = entry.master.view(-1)
-            for chunk, start, end in self._chunks(entry):
-                where = self._local(entry, start, end)
-                if where is None:
-                    continue
-                sel, loc = where
-                acc = torch.zeros(end - start, dtype=torch.float32, device=device)
-                for p, c in zip(perturbations, coefficients, strict=True):
-                    weight = float(c) * p.sign
-                    if weight == 0.0:
-                        continue
-                    pos = self._positions(entry, chunk, start, end, p.subspace)
-                    if pos is None:
-                        acc += weight * self._noise(entry, chunk, end - start, p.seed, device)
-                    else:
-                        acc[pos] += weight * self._noise(entry, chunk, pos.numel(), p.seed, device)
-                if isinstance(loc, torch.Tensor):
-                    loc = loc.to(master.device)
-                new = master[loc].to(device) + learning_rate * acc[sel]
-                master[loc] = new.to(master.device)
+        low = [(p, c) for p, c in zip(perturbations, coefficients, strict=True) if p.rank]
+        if low:
+            members, values = zip(*low, strict=True)
+            for entry in self._entries:
+                self._update_low_rank(entry, members, values, learning_rate)
+            pairs = [(p, c) for p, c in zip(perturbations, coefficients, strict=True) if not p.rank]
+            perturbations = [p for p, _ in pairs]
+            coefficients = [c for _, c in pairs]
+        if perturbations:
+            for entry in self._entries:
+                self._update_full(entry, perturbations, coefficients, learning_rate)
         self.restore()
+
+    def _update_full(
+        self,
+        entry: _Entry,
+        perturbations: Sequence[Perturbation],
+        coefficients: Sequence[float],
+        learning_rate: float,
+    ) -> None:
+        """master += lr * sum_m c_m sign_m eps_m on `entry`, chunk by chunk (full-rank noise)."""
+        device = entry.tensor.device
+        master = entry.master.view(-1)
+        for chunk, start, end in self._chunks(entry):
+            where = self._local(entry, start, end)
+            if where is None:
+                continue
+            sel, loc = where
+            acc = torch.zeros(end - start, dtype=torch.float32, device=device)
+            for p, c in zip(perturbations, coefficients, strict=True):
+                weight = float(c) * p.sign
+                if weight == 0.0:
+                    continue
+                pos = self._positions(entry, chunk, start, end, p.subspace)
+                if pos is None:
+                    acc += weight * self._noise(entry, chunk, end - start, p.seed, device)
+                else:
+                    acc[pos] += weight * self._noise(entry, chunk, pos.numel(), p.seed, device)
+            if isinstance(loc, torch.Tensor):
+                loc = loc.to(master.device)
+            new = master[loc].to(device) + learning_rate * acc[sel]
+            master[loc] = new.to(master.device)
 
     # ------------------------------------------------------------------ inspection
     def checksum(self) -> str:
