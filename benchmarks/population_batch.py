@@ -11,6 +11,11 @@ float32 a batched matmul may round differently and flip a greedy token).
     python benchmarks/population_batch.py                      # tiny agent, 3 steps
     python benchmarks/population_batch.py --rows 64 128 256    # episode-loop rows to try
     python benchmarks/population_batch.py --model PATH --device cuda --dtype bfloat16
+    python benchmarks/population_batch.py --noise lowrank --noise-rank 4 \
+        --out benchmarks/results/population_batch-lowrank.json   # members served as adapters
+
+With `--noise lowrank` both evaluators run the low-rank family (sequential: the delta added
+to the weights; batched: N rank-r adapters on the unperturbed weights).
 
 Writes benchmarks/results/population_batch.json (or --out).
 """
@@ -36,6 +41,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--population-size", type=int, default=16)
     p.add_argument("--num-subspaces", type=int, default=2)
     p.add_argument("--sigma", type=float, default=0.01)
+    p.add_argument("--noise", default="full", choices=["full", "lowrank"], help="noise family")
+    p.add_argument("--noise-rank", type=int, default=4, help="r of --noise lowrank")
     p.add_argument("--tasks", type=int, default=16, help="tasks per member (the batch)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--max-turns", type=int, default=3)
@@ -52,9 +59,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     if args.backend == "vllm":
         raise SystemExit(
-            "population_batch.py: --backend vllm needs the low-rank member family served as "
-            "LoRA adapters in one vLLM batch, which copes does not have yet; the exact batched "
-            "evaluator runs on transformers (--backend hf, also on a GPU: --device cuda)"
+            "population_batch.py: --backend vllm needs the population served as LoRA adapters "
+            "in one vLLM batch, which copes does not have yet; both batched evaluators (exact "
+            "and --noise lowrank) run on transformers (--backend hf, also on a GPU: --device "
+            "cuda)"
         )
     import torch
 
@@ -85,9 +93,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     optimizer = CoPES(
         CoPESConfig(
             population_size=n, num_subspaces=args.num_subspaces, sigma=args.sigma,
-            antithetic=True, seed=0,
+            antithetic=True, seed=0, noise=args.noise, noise_rank=args.noise_rank,
         )
     )  # fmt: skip
+    rank = optimizer.config.perturbation_rank
     episodes: dict[tuple[str, int, int], list[Any]] = {}
 
     def recorder(kind: str, step: int):
@@ -109,7 +118,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             seq_seconds = time.perf_counter() - start
             for rows in rows_tried:
                 batched = BatchedEvaluator(
-                    policy, rollout, n, batch_size=rows, on_batch=recorder(f"batched-{rows}", step)
+                    policy,
+                    rollout,
+                    n,
+                    batch_size=rows,
+                    on_batch=recorder(f"batched-{rows}", step),
+                    rank=rank,
                 )
                 start = time.perf_counter()
                 bat = batched.evaluate(step, members)
@@ -165,6 +179,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "device": args.device,
         "population_size": n,
         "num_subspaces": args.num_subspaces,
+        "noise": args.noise,
+        "noise_rank": rank,
         "tasks_per_member": args.tasks,
         "steps": args.steps,
         "rows": main_rows,  # the figures below; default: every episode in one loop

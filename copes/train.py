@@ -14,7 +14,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -783,6 +783,8 @@ class Trainer:
             if k not in RESUMABLE_CHANGES and saved["train"].get(k) != v
         ]
         old_opt, new_opt = saved.get("optimizer") or {}, record["optimizer"] or {}
+        # A setting added after the run was written (e.g. --noise) had its default then.
+        old_opt = {**self._optimizer_defaults(), **old_opt}
         changed += [
             f"{k}: {old_opt.get(k)!r} -> {new_opt.get(k)!r}"
             for k in sorted(set(old_opt) | set(new_opt))
@@ -794,6 +796,14 @@ class Trainer:
                 f"{'; '.join(changed)}. Resume with the original settings, or start a new run "
                 "in another --out-dir"
             )
+
+    def _optimizer_defaults(self) -> dict[str, Any]:
+        """The optimizer config's defaults, as the run config stores them (JSON)."""
+        config = getattr(self.optimizer, "config", None)
+        if not is_dataclass(config):
+            return {}
+        defaults = {f.name: f.default for f in fields(config) if f.default is not MISSING}
+        return json.loads(json.dumps(defaults, default=str))
 
     def _write_run_config(self) -> None:
         path = self.run_dir / "config.json"

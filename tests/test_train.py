@@ -204,3 +204,22 @@ def test_eval_task_seed_fixes_the_validation_split_across_seeds():
 
     assert validation(0) != validation(1)  # by default the split follows --seed
     assert validation(0, eval_task_seed=7) == validation(1, eval_task_seed=7)
+
+
+@pytest.mark.slow
+def test_resume_accepts_a_setting_added_since_at_its_default_and_refuses_a_change(
+    tmp_path, tiny, capsys
+):
+    """A run written before --noise existed resumes (its noise was the default, full);
+    asking for --noise lowrank on resume changes what is trained: refused, named."""
+    out = tmp_path / "run"
+    args = [*ES_FAST, *tiny, "--eval-every", "0", "--out-dir", str(out)]
+    assert train_main([*args, "--steps", "1"]) == 0
+    config = json.loads((out / "config.json").read_text())
+    for key in ("noise", "noise_rank"):
+        del config["optimizer"][key]
+    (out / "config.json").write_text(json.dumps(config))
+    assert train_main([*args, "--steps", "1", "--resume", "--noise", "lowrank"]) == 2
+    assert "noise: 'full' -> 'lowrank'" in capsys.readouterr().err
+    assert train_main([*args, "--steps", "2", "--resume"]) == 0
+    assert [e["step"] for e in read_jsonl(out / "es_log.jsonl")] == [0, 1]

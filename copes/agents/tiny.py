@@ -119,7 +119,11 @@ def collect_transcripts(
         (tool_qa_env, synthetic_qa_tasks("train", config.qa_transcripts, seed=config.seed)),
     ]
     conversations = []
-    bar = tqdm(total=sum(len(t) for _, t in jobs), desc="expert transcripts", disable=not progress)
+    bar = tqdm(
+        total=sum(len(t) for _, t in jobs),
+        desc="expert transcripts",
+        disable=None if progress else True,
+    )
     for make_env, tasks in jobs:
         env = make_env(tasks=tasks)
         try:
@@ -355,7 +359,7 @@ def supervised_finetune(
     model.train()
     losses = []
     batches: list[list[int]] = []
-    bar = tqdm(range(phase.steps), desc=phase.description, disable=not progress)
+    bar = tqdm(range(phase.steps), desc=phase.description, disable=None if progress else True)
     for _ in bar:
         if not batches:
             batches = _length_grouped_batches(examples, phase.batch_size, rng)

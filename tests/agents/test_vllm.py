@@ -155,7 +155,10 @@ def test_perturb_matches_transformers_and_restore_is_exact(engine, tiny_policy):
     ]
 
 
-def test_a_copes_step_gives_the_same_weights_on_both_backends(engine, tiny_policy):
+@pytest.mark.parametrize("noise", ["full", "lowrank"])
+def test_a_copes_step_gives_the_same_weights_on_both_backends(engine, tiny_policy, noise):
+    """The low-rank family too: its factors are drawn on the full tensors, so each TP shard
+    applies its rows (or columns) of the same delta."""
     envs = math_envs(3)
 
     def rollout_fn(policy, step, member=None):
@@ -164,7 +167,10 @@ def test_a_copes_step_gives_the_same_weights_on_both_backends(engine, tiny_polic
             trajectory.reward = trajectory.num_generated_tokens / 100
         return batch
 
-    config = CoPESConfig(population_size=4, num_subspaces=2, sigma=0.05, learning_rate=0.02, seed=1)
+    config = CoPESConfig(
+        population_size=4, num_subspaces=2, sigma=0.05, learning_rate=0.02, seed=1, noise=noise,
+        noise_rank=2,
+    )  # fmt: skip
     hf_before = {n: t.clone() for n, t in tiny_policy.weights().master_state().items()}
     try:
         ours = CoPES(config).step(engine, rollout_fn)
