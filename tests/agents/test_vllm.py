@@ -155,10 +155,7 @@ def test_perturb_matches_transformers_and_restore_is_exact(engine, tiny_policy):
     ]
 
 
-@pytest.mark.parametrize("noise", ["full", "lowrank"])
-def test_a_copes_step_gives_the_same_weights_on_both_backends(engine, tiny_policy, noise):
-    """The low-rank family too: its factors are drawn on the full tensors, so each TP shard
-    applies its rows (or columns) of the same delta."""
+def test_a_copes_step_gives_the_same_weights_on_both_backends(engine, tiny_policy):
     envs = math_envs(3)
 
     def rollout_fn(policy, step, member=None):
@@ -167,10 +164,7 @@ def test_a_copes_step_gives_the_same_weights_on_both_backends(engine, tiny_polic
             trajectory.reward = trajectory.num_generated_tokens / 100
         return batch
 
-    config = CoPESConfig(
-        population_size=4, num_subspaces=2, sigma=0.05, learning_rate=0.02, seed=1, noise=noise,
-        noise_rank=2,
-    )  # fmt: skip
+    config = CoPESConfig(population_size=4, num_subspaces=2, sigma=0.05, learning_rate=0.02, seed=1)
     hf_before = {n: t.clone() for n, t in tiny_policy.weights().master_state().items()}
     try:
         ours = CoPES(config).step(engine, rollout_fn)
@@ -183,6 +177,38 @@ def test_a_copes_step_gives_the_same_weights_on_both_backends(engine, tiny_polic
         tiny_policy.weights().load_master_state(hf_before)
         for env in envs:
             env.close()
+
+
+def test_low_rank_members_and_their_update_land_on_the_same_bits_at_tp2(engine, tiny_policy):
+    """--noise lowrank: the factors are drawn on the full tensors, so each TP shard applies its
+    rows (or columns) of the same delta; the update, a product of all members' factors, too."""
+    ours, theirs = engine.weights(), tiny_policy.weights()
+    config = CoPESConfig(
+        population_size=4, num_subspaces=2, sigma=0.05, learning_rate=0.02, seed=1,
+        noise="lowrank", noise_rank=2,
+    )  # fmt: skip
+    members = CoPES(config).ask(0)
+    before_digest = engine.engine_digest()
+    hf_before = {n: t.clone() for n, t in theirs.master_state().items()}
+    try:
+        ours.perturb(members[1])
+        theirs.perturb(members[1])
+        try:
+            perturbed = engine.generate(conversations(), GREEDY)
+            reference = tiny_policy.generate(conversations(), GREEDY)
+        finally:
+            ours.restore()
+            theirs.restore()
+        assert [g.token_ids for g in perturbed] == [g.token_ids for g in reference]
+        assert engine.engine_digest() == before_digest
+        coefficients = [0.5, -0.25, 1.0, -1.25]
+        ours.update(members, coefficients, config.learning_rate)
+        theirs.update(members, coefficients, config.learning_rate)
+        assert_same_master(engine, tiny_policy)
+        changed = {n for n, t in theirs.master_state().items() if not torch.equal(t, hf_before[n])}
+        assert changed and all(hf_before[n].dim() >= 2 for n in changed)  # 1-D held still
+    finally:
+        theirs.load_master_state(hf_before)
 
 
 def test_grpo_weight_sync_is_visible_in_generations(engine):
