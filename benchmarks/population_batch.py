@@ -13,9 +13,13 @@ float32 a batched matmul may round differently and flip a greedy token).
     python benchmarks/population_batch.py --model PATH --device cuda --dtype bfloat16
     python benchmarks/population_batch.py --noise lowrank --noise-rank 4 \
         --out benchmarks/results/population_batch-lowrank.json   # members served as adapters
+    python benchmarks/population_batch.py --backend vllm --noise lowrank --model PATH \
+        --dtype bfloat16 --out benchmarks/results/population_batch-vllm.json   # on a GPU
 
 With `--noise lowrank` both evaluators run the low-rank family (sequential: the delta added
-to the weights; batched: N rank-r adapters on the unperturbed weights).
+to the weights; batched: N rank-r adapters on the unperturbed weights). With `--backend vllm`
+sequential members are perturbed in place in the engine, one after another, and batched ones
+are N LoRA adapters in one vLLM batch (`copes.agents.vllm_population`).
 
 Writes benchmarks/results/population_batch.json (or --out).
 """
@@ -51,24 +55,52 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--rows", type=int, nargs="+", default=[0], help="batched loop rows (0: all episodes)"
     )
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: all cores)")
+    p.add_argument("--tensor-parallel-size", type=int, default=1, help="--backend vllm")
+    p.add_argument("--max-model-len", type=int, default=1024, help="--backend vllm")
     p.add_argument("--out", default="benchmarks/results/population_batch.json")
     return p.parse_args(argv)
 
 
+def build_policy(args: argparse.Namespace) -> Any:
+    """The policy both evaluators share: transformers, or a vLLM engine serving the
+    population's N LoRA adapters (and, for sequential evaluation, in-place members)."""
+    import torch
+
+    if args.backend == "vllm":
+        from copes.agents.vllm import VLLMPolicy
+
+        for name, value in {
+            "VLLM_CPU_KVCACHE_SPACE": "2",
+            "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        }.items():
+            os.environ.setdefault(name, value)  # vllm-cpu: a small KV cache, no core pinning
+        return VLLMPolicy.from_pretrained(
+            args.model, dtype=args.dtype, tensor_parallel_size=args.tensor_parallel_size,
+            max_model_len=args.max_model_len, lora_members=args.population_size,
+            lora_rank=args.noise_rank,
+        )  # fmt: skip
+    from copes.agents.hf import HFPolicy
+
+    policy = HFPolicy.from_pretrained(
+        args.model, device=args.device, dtype="float32" if args.dtype == "float64" else args.dtype
+    )
+    if args.dtype == "float64":
+        policy.model.to(torch.float64)
+    return policy
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    if args.backend == "vllm":
+    if args.backend == "vllm" and args.noise != "lowrank":
         raise SystemExit(
-            "population_batch.py: --backend vllm needs the population served as LoRA adapters "
-            "in one vLLM batch, which copes does not have yet; both batched evaluators (exact "
-            "and --noise lowrank) run on transformers (--backend hf, also on a GPU: --device "
-            "cuda)"
+            "population_batch.py: --backend vllm serves a batched population as LoRA adapters, "
+            "which only the low-rank family has: add --noise lowrank (full-rank members batch "
+            "on --backend hf)"
         )
     import torch
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    from copes.agents.hf import HFPolicy
     from copes.agents.policy import SamplingConfig
     from copes.envs.presets import tool_math_env
     from copes.envs.tasks.synthetic_math import synthetic_math_tasks
@@ -77,11 +109,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from copes.optimizers.es import CoPES, LocalEvaluator
     from copes.train import TaskRollout
 
-    policy = HFPolicy.from_pretrained(
-        args.model, device=args.device, dtype="float32" if args.dtype == "float64" else args.dtype
-    )
-    if args.dtype == "float64":
-        policy.model.to(torch.float64)
+    policy = build_policy(args)
     tasks = synthetic_math_tasks("train", 500, seed=0)
 
     def make_env() -> Any:
@@ -107,6 +135,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     default_rows = n * args.tasks
     rows_tried = [r or default_rows for r in args.rows]
+    if args.backend == "vllm" and rows_tried != [default_rows]:
+        raise SystemExit(
+            "population_batch.py: --rows is the transformers loop's; vLLM schedules rows itself"
+        )
     runs: list[dict[str, Any]] = []
     try:
         LocalEvaluator(policy, rollout).evaluate(0, optimizer.ask(0)[:1])  # warm-up, untimed
@@ -154,9 +186,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     }
                 )
                 print(json.dumps(runs[-1]), flush=True)
-                del batched
+                batched.close()
     finally:
         rollout.close()
+        policy.close()
     by_rows = {}
     for rows in rows_tried:
         mine = [r for r in runs if r["rows"] == rows]
@@ -175,6 +208,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "benchmark": "population_batch",
         "command": "python benchmarks/population_batch.py " + " ".join(argv or sys.argv[1:]),
         "model": args.model,
+        "backend": args.backend,
         "dtype": args.dtype,
         "device": args.device,
         "population_size": n,

@@ -135,8 +135,8 @@ class TrainConfig:
     checksum_every: int = flag("with --workers: compare replica checksums every M steps", 10)
     population_eval: str = flag(
         "ES/CoPES: how a step's members are evaluated: sequential (one after another) or "
-        "batched (all in one episode loop over N stacked weight copies, or N adapters with "
-        "--noise lowrank; --backend hf)",
+        "batched (all at once: --backend hf over N stacked weight copies, or N adapters with "
+        "--noise lowrank; --backend vllm with --noise lowrank, N LoRA adapters)",
         "sequential",
     )
 
@@ -183,10 +183,10 @@ class TrainConfig:
                     f"--population-eval batched evaluates an ES/CoPES population; "
                     f"{self.optimizer} has none (drop the flag)"
                 )
-            if self.backend != "hf" or self.workers:
+            if self.workers:
                 raise ValueError(
-                    "--population-eval batched runs in this process on the transformers "
-                    "backend: use --backend hf and --workers 0 (or --population-eval sequential)"
+                    "--population-eval batched runs the whole population in this process: use "
+                    "--workers 0 (or --population-eval sequential)"
                 )
 
     def _resolve_env_and_benchmark(self) -> None:
@@ -332,16 +332,18 @@ class TaskRollout:
         per_member = self.batch_size * self.samples
         while len(self._population_envs) < per_member * len(members):
             self._population_envs.append(self._make_env())
-        options, owners, streams, where = [], [], [], []
+        options, owners, streams, seeds, where = [], [], [], [], []
         for j in range(per_member):
             for slot, (tasks, sampling) in enumerate(plans):
                 options.append({"task": tasks[j // self.samples]})
                 owners.append(slot)
-                # The stream this episode (index j) samples from when its member runs alone.
+                # The stream this episode (index j) samples from when its member runs alone
+                # in the episode loop; a turn-by-turn population derives it from the seed.
                 seed = sampling.seed if sampling.seed is not None else self.seed
                 streams.append(derive_seed("episode-sampling", seed, j))
+                seeds.append(sampling.seed)
                 where.append((slot, j))
-        policy.assign(owners, streams)
+        policy.assign(owners, streams, seeds)
         envs = self._population_envs[: len(options)]
         batch = rollout(policy, envs, plans[0][1], options=options, max_context=self.max_context)
         grouped: list[list[Any]] = [[None] * per_member for _ in members]
@@ -426,8 +428,10 @@ def env_factory(config: TrainConfig, call_format: str = "tags") -> Callable[[], 
     return make
 
 
-def build_policy(config: TrainConfig) -> Policy:
-    """The policy of a run; with vLLM, GRPO also gets a transformers copy to train."""
+def build_policy(config: TrainConfig, lora: tuple[int, int] | None = None) -> Policy:
+    """The policy of a run; with vLLM, GRPO also gets a transformers copy to train, and
+    `lora` = (members, rank) starts the engine's multi-LoRA serving for a batched
+    low-rank population."""
     from copes.agents.chat import template_kwargs_for
 
     template_kwargs = template_kwargs_for(config.enable_thinking, config.chat_template_kwargs)
@@ -440,6 +444,7 @@ def build_policy(config: TrainConfig) -> Policy:
             gpu_memory_utilization=config.gpu_memory_utilization,
             trainable=get_optimizer(config.optimizer).gradients,
             chat_template_kwargs=template_kwargs,
+            lora_members=lora[0] if lora else 0, lora_rank=lora[1] if lora else 0,
         )  # fmt: skip
     from copes.agents.hf import HFPolicy
 
@@ -516,7 +521,17 @@ class Trainer:
         import torch
 
         torch.manual_seed(c.seed)
-        self.policy = build_policy(c)
+        lora = None
+        if c.population_eval == "batched" and c.backend == "vllm":  # refused before the engine
+            opt_config = optimizer_config(c, self.optimizer_overrides)
+            if not opt_config.perturbation_rank:  # type: ignore[attr-defined]
+                raise UserError(
+                    "--population-eval batched on --backend vllm serves --noise lowrank members "
+                    "as LoRA adapters (full-rank members would need N weight copies): add "
+                    "--noise lowrank, or use --population-eval sequential"
+                )
+            lora = (opt_config.population_size, opt_config.perturbation_rank)  # type: ignore[attr-defined]
+        self.policy = build_policy(c, lora)
         self.optimizer = build_optimizer(c, self.optimizer_overrides, self.policy)
         from copes.agents.chat import resolve_call_format
 
@@ -536,6 +551,7 @@ class Trainer:
             make_env, eval_tasks, len(eval_tasks), c.eval_samples, eval_sampling, c.seed + 1,
             True, c.max_context,
         )  # fmt: skip
+        self.evaluator: Any = None
         if c.population_eval == "batched":  # N weight copies: refused now if they do not fit
             from copes.optimizers.batched import BatchedEvaluator
 
@@ -545,6 +561,7 @@ class Trainer:
                 rank=opt_config.perturbation_rank,
             )  # fmt: skip
             self.optimizer.use_evaluator(evaluator)  # type: ignore[attr-defined]
+            self.evaluator = evaluator
         self.budget = Budget()
         self.log: MetricsLog | None = None  # opened by run()
         self.population: Any = None  # --workers: RayPopulation, started by run()
@@ -611,6 +628,8 @@ class Trainer:
 
     def close(self) -> None:
         """Release the policy's engine (vLLM processes and GPU memory), if it has one."""
+        if self.evaluator is not None:
+            self.evaluator.close()
         self.policy.close()
 
     def validate(self) -> dict[str, float]:

@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from copes.agents.adapters import adapter_targets
+
 if TYPE_CHECKING:
     from copes.agents.hf import HFPolicy
     from copes.agents.policy import Generation, SamplingConfig
@@ -265,34 +267,16 @@ class LowRankPopulation(_RowMembers):
         if members < 1:
             raise ValueError(f"a population needs at least one member, got {members}")
         self.model, self.members, self.rank = model, members, rank
-        matrices = {t.data_ptr(): n for n, t in weights.named_tensors() if t.dim() >= 2}
-        self.modules: list[tuple[torch.nn.Module, str, str]] = []  # (module, matrix, kind)
-        covered: set[str] = set()
-        for name, module in model.named_modules():
-            weight = getattr(module, "weight", None)
-            matrix = matrices.get(weight.data_ptr()) if isinstance(weight, torch.Tensor) else None
-            if matrix is None:
-                continue
-            cls = type(module)
-            if type(module) is torch.nn.Linear or (
-                isinstance(module, torch.nn.Linear) and cls.forward is torch.nn.Linear.forward
-            ):
-                kind = "linear"
-            elif isinstance(module, torch.nn.Embedding) and (
-                cls.forward is torch.nn.Embedding.forward
-            ):
-                kind = "embedding"
-            else:
-                raise ValueError(
-                    f"--noise lowrank cannot serve {name} ({cls.__name__}) as an adapter: its "
-                    "forward is not a plain Linear/Embedding; use --population-eval sequential"
-                )
-            self.modules.append((module, matrix, kind))
-            covered.add(matrix)
-        if missing := sorted(set(matrices.values()) - covered):
+        targets = adapter_targets(model)
+        modules = dict(model.named_modules())
+        # (module, matrix, kind): a tied LM head is a second module on its embedding's matrix
+        self.modules = [(modules[t.module], t.matrix, t.kind) for t in targets]
+        covered = {t.matrix for t in targets}
+        evolving = {n for n, t in weights.named_tensors() if t.dim() >= 2}
+        if evolving != covered:
             raise ValueError(
-                f"--noise lowrank cannot serve {missing[0]} as an adapter: no Linear or "
-                "Embedding uses it (e.g. fused MoE experts); use --population-eval sequential"
+                "the weight space and the model disagree on the matrices: "
+                f"{sorted(evolving ^ covered)[:3]}"
             )
         shapes = {n: t.view(t.shape[0], -1).shape for n, t in weights.named_tensors()}
         dtype = next(model.parameters()).dtype
@@ -395,8 +379,14 @@ class PopulationPolicy:
     def max_context(self) -> int:
         return self.base.max_context
 
-    def assign(self, members: Sequence[int], streams: Sequence[int]) -> None:
-        """The member and sampling-stream seed of each episode of the next rollout."""
+    def assign(
+        self,
+        members: Sequence[int],
+        streams: Sequence[int],
+        seeds: Sequence[int | None] | None = None,
+    ) -> None:
+        """The member and sampling-stream seed of each episode of the next rollout (`seeds`,
+        the members' turn-by-turn sampling seeds, are for turn-by-turn populations)."""
         if len(members) != len(streams):
             raise ValueError("one member and one stream per episode")
         self._members, self._streams = list(members), list(streams)

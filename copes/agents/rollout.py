@@ -271,6 +271,11 @@ def _run_episodes(
     stats.generated_tokens += sum(e.trajectory.num_generated_tokens for e in active)
 
 
+def turn_seed(seed: int, turn: int) -> int:
+    """The sampling seed of turn `turn` of a turn-by-turn rollout (prompt i adds i)."""
+    return seed + 1_000_003 * turn
+
+
 def _run_turns(
     policy: Policy,
     episodes: list[_Episode],
@@ -280,20 +285,27 @@ def _run_turns(
     threads: int,
 ) -> None:
     """Turn by turn: one batched `generate_ids` call over all unfinished episodes, then
-    their env steps in parallel threads."""
+    their env steps in parallel threads. A policy serving a population
+    (`copes.agents.vllm_population`) is called with `generate_turn(prompts, sampling,
+    episode indices, turn)` instead, so each row samples as its member alone would."""
     turn = 0
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(episodes)))) as pool:
         while True:
-            active = [e for e in episodes if not e.done and _fits(e, sampling, limit)]
-            if not active:
+            indices = [
+                i for i, e in enumerate(episodes) if not e.done and _fits(e, sampling, limit)
+            ]
+            if not indices:
                 break
-            turn_sampling = sampling
-            if sampling.seed is not None:
-                turn_sampling = replace(sampling, seed=sampling.seed + 1_000_003 * turn)
+            active = [episodes[i] for i in indices]
+            prompts = [e.trajectory.token_ids for e in active]
             start = time.perf_counter()
-            generations = policy.generate_ids(
-                [e.trajectory.token_ids for e in active], turn_sampling
-            )
+            if hasattr(policy, "generate_turn"):  # a population: rows know their episode
+                generations = policy.generate_turn(prompts, sampling, indices, turn)
+            else:
+                turn_sampling = sampling
+                if sampling.seed is not None:
+                    turn_sampling = replace(sampling, seed=turn_seed(sampling.seed, turn))
+                generations = policy.generate_ids(prompts, turn_sampling)
             stats.generation_seconds += time.perf_counter() - start
             stats.generate_calls += 1
             stats.generated_tokens += sum(len(g.token_ids) for g in generations)

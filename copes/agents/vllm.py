@@ -89,6 +89,28 @@ def hf_state_dict(model: Any) -> dict[str, torch.Tensor]:
     return state
 
 
+def lora_engine_options(members: int, rank: int) -> dict[str, Any]:
+    """vLLM engine options that serve `members` rank-`rank` LoRA adapters in one batch: every
+    member's adapter on the GPU at once (`max_loras`) and in the CPU cache (`max_cpu_loras`),
+    the rank padded up to the smallest one vLLM builds kernels for (zeros: the same delta)."""
+    from typing import get_args
+
+    from vllm.config.lora import MaxLoRARanks
+
+    if members < 1 or rank < 1:
+        raise ValueError(f"LoRA serving needs members >= 1 and rank >= 1, got {members}, {rank}")
+    ranks = sorted(get_args(MaxLoRARanks))
+    fitting = [r for r in ranks if r >= rank]
+    if not fitting:
+        raise ValueError(f"--noise-rank {rank} exceeds vLLM's largest LoRA rank {ranks[-1]}")
+    return {
+        "enable_lora": True,
+        "max_loras": members,
+        "max_cpu_loras": members,
+        "max_lora_rank": fitting[0],
+    }
+
+
 def scratch_dir(needed_bytes: int) -> str | None:
     """Where weight files for the workers go: shared memory when it has room (containers
     often give /dev/shm 64 MiB), else the temporary directory (`TMPDIR`)."""
@@ -140,6 +162,7 @@ class VLLMPolicy(ChatGeneration):
         self.check_weight_map()
         self._trainable_dirty = False  # the trainable copy changed since the engine loaded it
         self._weights: VLLMWeights | None = None
+        self._adapter_ids = 0  # LoRA adapter ids handed out: never reused in this engine
 
     @staticmethod
     def _engine_eos_ids(llm: Any) -> set[int]:
@@ -166,12 +189,16 @@ class VLLMPolicy(ChatGeneration):
         device: str = "auto",
         trust_remote_code: bool = False,
         chat_template_kwargs: dict[str, Any] | None = None,
+        lora_members: int = 0,
+        lora_rank: int = 0,
         **llm_kwargs: Any,
     ) -> VLLMPolicy:
         """Start an engine on a hub id, a local HF folder or `tiny`.
 
         `trainable=True` also loads a transformers copy on `device` in `trainable_dtype`
-        (fp32: a 1e-6 AdamW step vanishes in bf16) for GRPO.
+        (fp32: a 1e-6 AdamW step vanishes in bf16) for GRPO. `lora_members` > 0 enables
+        vLLM's multi-LoRA serving for that many rank-`lora_rank` adapters in one batch (the
+        low-rank population, `copes.agents.vllm_population`).
         """
         try:
             from vllm import LLM
@@ -203,6 +230,8 @@ class VLLMPolicy(ChatGeneration):
             kwargs["load_format"] = worker.UNPACKED_LOAD_FORMAT
         if (override := text_only_override(path, trust_remote_code)) is not None:
             kwargs["hf_overrides"] = override
+        if lora_members:
+            kwargs.update(lora_engine_options(lora_members, lora_rank))
         kwargs.update(llm_kwargs)
         llm = LLM(path, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
@@ -258,11 +287,25 @@ class VLLMPolicy(ChatGeneration):
     def generate_ids(
         self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig
     ) -> list[Generation]:
+        seeds = [None if sampling.seed is None else sampling.seed + i for i in range(len(prompts))]
+        return self.generate_rows(prompts, sampling, seeds)
+
+    def generate_rows(
+        self,
+        prompts: Sequence[Sequence[int]],
+        sampling: SamplingConfig,
+        seeds: Sequence[int | None],
+        adapters: Sequence[Any] | None = None,
+    ) -> list[Generation]:
+        """`generate_ids` with each prompt's own sampling seed and, optionally, its own LoRA
+        adapter (a `vllm.lora.request.LoRARequest`; None: the base weights)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
+        if len(seeds) != len(prompts) or (adapters is not None and len(adapters) != len(prompts)):
+            raise ValueError("one seed (and adapter) per prompt")
         self.sync_trainable()
         params = [
             SamplingParams(
@@ -272,13 +315,14 @@ class VLLMPolicy(ChatGeneration):
                 top_k=sampling.top_k,
                 stop=list(sampling.stop) or None,
                 include_stop_str_in_output=True,
-                seed=None if sampling.seed is None else sampling.seed + i,
+                seed=seed,
                 logprobs=0,  # the sampled token's own log-prob
             )
-            for i in range(len(prompts))
+            for seed in seeds
         ]
         requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
-        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        lora = list(adapters) if adapters is not None else None
+        outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=lora)
         return [
             self._generation(list(p), o.outputs[0]) for p, o in zip(prompts, outputs, strict=True)
         ]
@@ -297,6 +341,12 @@ class VLLMPolicy(ChatGeneration):
             reason = "eos"
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         return Generation(text, ids, logprobs, reason, prompt_token_ids=prompt)
+
+    def new_adapter_id(self) -> int:
+        """A LoRA adapter id this engine has never seen: vLLM caches adapters by id, so an
+        id reused for other factors would serve the old ones."""
+        self._adapter_ids += 1
+        return self._adapter_ids
 
     def close(self) -> None:
         """Stop the engine (its processes) now rather than at interpreter exit."""
@@ -362,15 +412,21 @@ class VLLMPolicy(ChatGeneration):
             )
         self.reset_cache()
 
-    def _checkpoint_named(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        from transformers import AutoConfig, AutoModelForCausalLM
-        from transformers.core_model_loading import revert_weight_conversion
-
+    def skeleton(self) -> Any:
+        """The model as a meta-device transformers model (no weights): its module structure,
+        HF names and save-time conversions."""
         if self._skeleton is None:
+            from transformers import AutoConfig, AutoModelForCausalLM
+
             config = AutoConfig.from_pretrained(self.source)
             with torch.device("meta"):
                 self._skeleton = AutoModelForCausalLM.from_config(config)
-        named = revert_weight_conversion(self._skeleton, dict(state))
+        return self._skeleton
+
+    def _checkpoint_named(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        from transformers.core_model_loading import revert_weight_conversion
+
+        named = revert_weight_conversion(self.skeleton(), dict(state))
         return {n: t.contiguous() for n, t in named.items()}
 
     def check_weight_map(self, state: dict[str, torch.Tensor] | None = None) -> None:
@@ -434,4 +490,11 @@ class VLLMPolicy(ChatGeneration):
         return model
 
 
-__all__ = ["EXTENSION", "VLLMPolicy", "hf_layout", "hf_state_dict", "scratch_dir"]
+__all__ = [
+    "EXTENSION",
+    "VLLMPolicy",
+    "hf_layout",
+    "hf_state_dict",
+    "lora_engine_options",
+    "scratch_dir",
+]

@@ -158,6 +158,13 @@ def _fused_experts(params: dict[str, torch.Tensor], name: str) -> str | None:
     return None
 
 
+def _lora_base(name: str) -> str:
+    """Where vLLM's LoRA layers (`enable_lora=True`) keep a wrapped layer's own parameter:
+    `layer.weight` becomes `layer.base_layer.weight`."""
+    module, _, leaf = name.rpartition(".")
+    return f"{module}.base_layer.{leaf}"
+
+
 def hf_views(
     model: torch.nn.Module, layout: Layout
 ) -> tuple[list[tuple[str, torch.Tensor]], dict[str, Shard]]:
@@ -177,6 +184,8 @@ def hf_views(
                     "mapped; run this model with tensor_parallel_size=1"
                 )
             name = experts
+        if name not in params and (wrapped := _lora_base(name)) in params:
+            name = wrapped  # an engine serving LoRA adapters wraps the layer
         if name not in params:
             raise UnsupportedWeight(
                 f"HF weight {hf_name!r} maps to {name!r}, which vLLM's {type(model).__name__} "

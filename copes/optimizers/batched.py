@@ -7,6 +7,10 @@ same seed and subspace, copied into a stack, then restored), all members' episod
 one episode loop with each row computing with its own copy (`copes.agents.population`), and
 the rewards go to the same `tell`. Only the rollout is batched: noise, partition and update
 are untouched, and the logged seeds and rewards replay as before.
+
+`--noise lowrank` members are served without weight copies: as per-row adapters in the
+transformers episode loop (`LowRankPopulation`), or on vLLM as one LoRA adapter per member
+in one engine batch (`copes.agents.vllm_population`).
 """
 
 from __future__ import annotations
@@ -74,10 +78,13 @@ def check_population_fits(
 
 
 class BatchedEvaluator:
-    """All members of a step in one episode loop over stacked per-member weights.
+    """All members of a step in one batched rollout: one episode loop over stacked
+    per-member weights or adapters (transformers), or one vLLM batch of per-member LoRA
+    adapters (`--backend vllm --noise lowrank`, `copes.agents.vllm_population`).
 
     Args:
-        policy: the run's `HFPolicy` (its weights are perturbed, copied and restored here).
+        policy: the run's `HFPolicy` (its weights are perturbed, copied and restored here)
+            or `VLLMPolicy` (started with `lora_members`, `lora_rank`).
         rollout: the run's `TaskRollout` (its `population` method runs the members).
         population_size: N, the stack's depth (checked against the free memory now).
         rank: 0 for the paper's full-rank members (N stacked weight copies); r > 0 for
@@ -97,9 +104,28 @@ class BatchedEvaluator:
         rank: int = 0,
     ) -> None:
         from copes.agents.population import PopulationPolicy, StackedModel
+        from copes.agents.vllm import VLLMPolicy
 
         if not hasattr(rollout, "population"):
             raise TypeError("the batched evaluator needs a rollout with `population` (TaskRollout)")
+        self.policy = policy
+        self.rollout = rollout
+        self.on_batch = on_batch
+        self.rank = rank
+        if isinstance(policy, VLLMPolicy):
+            from copes.agents.vllm_population import VLLMLowRankPopulation
+
+            if not rank:
+                raise ValueError(
+                    "--population-eval batched on --backend vllm serves --noise lowrank "
+                    "members as LoRA adapters; full-rank members would need N weight copies, "
+                    "which vLLM does not hold: add --noise lowrank or use --population-eval "
+                    "sequential"
+                )
+            # vLLM sizes its LoRA buffers itself, inside --gpu-memory-utilization.
+            self.stacked: Any = VLLMLowRankPopulation(policy, population_size, rank)
+            self.population: Any = self.stacked
+            return
         if not getattr(policy, "supports_episodes", False):
             raise ValueError(
                 "--population-eval batched runs members in the transformers episode loop; "
@@ -107,11 +133,7 @@ class BatchedEvaluator:
                 "cache the loop supports, or --population-eval sequential)"
             )
         check_population_fits(policy.model, population_size, free_bytes, rank)
-        self.policy = policy
-        self.rollout = rollout
-        self.on_batch = on_batch
-        self.rank = rank
-        self.stacked: StackedModel | LowRankPopulation = (
+        self.stacked = (
             LowRankPopulation(policy.model, policy.weights(), population_size, rank)
             if rank
             else StackedModel(policy.model, population_size)
@@ -127,20 +149,12 @@ class BatchedEvaluator:
                 f"this evaluator serves rank-{self.rank} members (0: full rank); the step asked "
                 f"for ranks {sorted({m.rank for m in members})}"
             )
-        weights = self.policy.weights()
-        weight_seconds = []
-        for slot, member in enumerate(members):
-            start = time.perf_counter()
-            if isinstance(self.stacked, LowRankPopulation):  # the adapter: no weight change
-                self.stacked.load(slot, weights.low_rank_factors(member))
-            else:
-                weights.perturb(member)
-                try:
-                    self.stacked.fill(slot)
-                finally:
-                    weights.restore()
-            weight_seconds.append(time.perf_counter() - start)
-        batches = self.rollout.population(self.population, step, [m.member for m in members])
+        weight_seconds = self._load(members)
+        try:
+            batches = self.rollout.population(self.population, step, [m.member for m in members])
+        finally:
+            if self.population is self.stacked:  # vLLM: nothing else may see the adapters
+                self.stacked.unload()
         results = []
         for member, batch, seconds in zip(members, batches, weight_seconds, strict=True):
             if self.on_batch is not None:
@@ -148,5 +162,31 @@ class BatchedEvaluator:
             results.append(MemberResult.of(member.member, batch, seconds))
         return results
 
+    def _load(self, members: Sequence[Perturbation]) -> list[float]:
+        """Put every member into its slot; returns the seconds each took."""
+        if self.population is self.stacked:  # vLLM: the workers write the members' adapters
+            start = time.perf_counter()
+            self.stacked.load(members)
+            return [(time.perf_counter() - start) / len(members)] * len(members)
+        weights = self.policy.weights()
+        seconds = []
+        for slot, member in enumerate(members):
+            start = time.perf_counter()
+            if self.rank:  # the adapter: no weight change
+                self.stacked.load(slot, weights.low_rank_factors(member))
+            else:
+                weights.perturb(member)
+                try:
+                    self.stacked.fill(slot)
+                finally:
+                    weights.restore()
+            seconds.append(time.perf_counter() - start)
+        return seconds
+
     def applied(self, step: int, rewards: Sequence[float]) -> dict[str, float]:
         return {}  # the stack is refilled from the updated weights next step
+
+    def close(self) -> None:
+        """Release what the population holds outside this process (vLLM's adapters)."""
+        if hasattr(self.stacked, "close"):
+            self.stacked.close()

@@ -304,11 +304,11 @@ class WeightSpace:
         return order[first::k].sort().values
 
     def _factors(
-        self, entry: _Entry, perturbation: Perturbation
+        self, entry: _Entry, perturbation: Perturbation, full: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """(A, B, rows) of a low-rank member's unit noise on the local matrix (rows x cols):
-        eps = A @ B^T, A zero outside `rows` (local row indices; None: every row) and already
-        divided by sqrt(r)."""
+        """(A, B, rows) of a low-rank member's unit noise on the local matrix (rows x cols),
+        or with `full` on the whole HF matrix this shard is part of: eps = A @ B^T, A zero
+        outside `rows` (row indices; None: every row) and already divided by sqrt(r)."""
         rank, device = perturbation.rank, entry.tensor.device
         full_rows = entry.full_shape[0]
         full_cols = math.prod(entry.full_shape[1:])
@@ -322,7 +322,7 @@ class WeightSpace:
             keep = torch.zeros(full_rows, dtype=torch.bool, device=device)
             keep[rows] = True
             a[~keep] = 0.0
-        shard = entry.shard
+        shard = None if full else entry.shard
         if shard is not None and shard.dim == 0:
             a = a[shard.start : shard.stop]
             if rows is not None:
@@ -332,17 +332,19 @@ class WeightSpace:
         return a, b, rows
 
     def low_rank_factors(
-        self, perturbation: Perturbation
+        self, perturbation: Perturbation, full: bool = False
     ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """Each matrix's delta of a low-rank member as (A, B), delta = A @ B^T on the tensor
-        viewed as (rows, cols), sign and sigma folded into A: what an adapter serves."""
+        viewed as (rows, cols), sign and sigma folded into A: what an adapter serves. With
+        `full`, the factors of each whole HF matrix, also where this space holds a shard of it
+        (what a LoRA adapter file holds: the engine shards it itself)."""
         if perturbation.rank < 1:
             raise ValueError("low_rank_factors needs a low-rank perturbation (rank >= 1)")
         scale = perturbation.sign * perturbation.sigma
         factors = {}
         for entry in self._entries:
             if entry.is_matrix:
-                a, b, _ = self._factors(entry, perturbation)
+                a, b, _ = self._factors(entry, perturbation, full)
                 factors[entry.name] = (a * scale, b)
         return factors
 

@@ -40,7 +40,7 @@ def _members(n: int, k: int = 2) -> list[Perturbation]:
 @pytest.mark.parametrize("model_type", ["qwen2", "qwen3", "llama"])
 @torch.no_grad()
 def test_each_row_computes_with_its_own_members_weights(model_type):
-    """Qwen2 (biases, tied head), Qwen3 (per-head q/k norms), Llama (untied head): logits of
+    """Qwen2 (biases), Qwen3 (per-head q/k norms), Llama (untied head): logits of
     a mixed batch (rows of 3 members, unsorted, one member absent) equal each member's own
     forward pass."""
     model = _random_model(model_type)

@@ -20,8 +20,9 @@ def _members(n: int, k: int = 2, rank: int = 2) -> list[Perturbation]:
 @pytest.mark.parametrize("model_type", ["qwen2", "qwen3", "llama"])
 @torch.no_grad()
 def test_each_row_computes_with_its_own_members_adapter(model_type):
-    """Qwen2 (tied head: one matrix, two adapters), Qwen3, Llama (untied head): logits of a
-    mixed batch equal each member's own forward pass with its delta added to the weights."""
+    """Qwen2, Qwen3, Llama (random, untied heads; the tiny agent's tied head is covered by
+    the step tests): logits of a mixed batch equal each member's own forward pass with its
+    delta added to the weights."""
     model = _random_model(model_type)
     weights = WeightSpace.from_module(model)
     weights.restore()  # the working weights are now exactly the master's

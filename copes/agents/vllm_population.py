@@ -1,0 +1,156 @@
+"""`VLLMLowRankPopulation`: a step's low-rank members served as LoRA adapters in one vLLM batch.
+
+The vLLM counterpart of `copes.agents.population.LowRankPopulation`. Each member of a
+`--noise lowrank` step becomes a PEFT LoRA adapter (`copes.agents.adapters`) written by the
+engine's rank-0 worker from the member's seed, on the device the in-place member and the
+update draw it on; every episode's rows then carry its member's `LoRARequest`, and vLLM's
+multi-LoRA kernels (Punica) compute ``W x + A_m (B_m^T x)`` for all members in one batch on the
+unperturbed weights. The rollout runs turn by turn (`rollout.generate_turn`), and each row
+samples with the seed its member's rollout alone would give it, so sampled episodes match
+too, not only greedy ones.
+
+Every step's adapters get new names and ids: vLLM's prefix cache keys blocks by adapter
+name, so reusing a name for other factors could serve KV blocks computed under the last
+step's member. The previous step's adapters are removed from the engine when the next are
+loaded, and their folders deleted.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import weakref
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from copes.agents.adapters import adapter_targets
+from copes.agents.rollout import turn_seed
+
+if TYPE_CHECKING:
+    from copes.agents.policy import Generation, SamplingConfig
+    from copes.agents.vllm import VLLMPolicy
+    from copes.optimizers.perturb import Perturbation
+
+
+def lora_capacity(policy: VLLMPolicy) -> tuple[int, int]:
+    """(adapters one batch may hold, their largest rank) of the policy's engine; (0, 0)
+    when it was started without LoRA."""
+    config = policy.llm.llm_engine.vllm_config.lora_config
+    if config is None:
+        return 0, 0
+    return int(config.max_loras), int(config.max_lora_rank)
+
+
+class VLLMLowRankPopulation:
+    """Up to `members` rank-`rank` members of a step, one LoRA adapter each, as a policy
+    that `TaskRollout.population` drives (`assign`, then `generate_turn` every turn).
+
+    Args:
+        policy: a `VLLMPolicy` started with `lora_members >= members`, `lora_rank >= rank`.
+        members: adapters served at once (the population size N).
+        rank: the members' rank r (`--noise-rank`).
+    """
+
+    supports_episodes = False  # turn by turn: vLLM schedules the rows itself
+
+    def __init__(self, policy: VLLMPolicy, members: int, rank: int) -> None:
+        slots, max_rank = lora_capacity(policy)
+        if slots < members or max_rank < rank:
+            raise ValueError(
+                f"the vLLM engine serves {slots} LoRA adapter(s) of rank <= {max_rank}, but "
+                f"{members} members of rank {rank} need one each: start it with "
+                f"VLLMPolicy.from_pretrained(..., lora_members={members}, lora_rank={rank})"
+            )
+        self.base, self.members, self.rank = policy, members, rank
+        policy.weights()  # the workers' weight space: it draws the members' factors
+        self.targets = [[t.matrix, t.module, t.kind] for t in adapter_targets(policy.skeleton())]
+        self.chat, self.tokenizer = policy.chat, policy.tokenizer
+        self._folder = Path(tempfile.mkdtemp(prefix="copes-adapters-"))
+        weakref.finalize(self, shutil.rmtree, self._folder, True)  # also when never closed
+        self._adapters: list[Any] = []  # LoRARequest of each slot
+        self._owners: list[int] = []
+        self._seeds: list[int | None] = []
+
+    @property
+    def max_context(self) -> int:
+        return self.base.max_context
+
+    def load(self, members: Sequence[Perturbation]) -> None:
+        """Slots 0..len(members)-1 <- these members' adapters (the last step's are dropped)."""
+        from vllm.lora.request import LoRARequest
+
+        from copes.agents.vllm_worker import encode_perturbation
+
+        if len(members) > self.members:
+            raise ValueError(f"{len(members)} members but room for {self.members}")
+        if any(m.rank != self.rank for m in members):
+            raise ValueError(f"this population serves rank-{self.rank} members only")
+        self.unload()
+        for member in members:
+            ident = self.base.new_adapter_id()
+            folder = str(self._folder / f"member-{ident}")
+            written = self.base.llm.collective_rpc(
+                "copes_write_adapter", args=(encode_perturbation(member), folder, self.targets)
+            )[0]
+            self._adapters.append(LoRARequest(f"copes-member-{ident}", ident, written))
+
+    def unload(self) -> None:
+        """Drop the loaded adapters from the engine (their slots zeroed: see
+        `CopesWorkerExtension.copes_clear_adapter_slots`) and their folders from disk."""
+        if not self._adapters:
+            return
+        engine = self.base.llm.llm_engine
+        loaded = set(engine.list_loras())
+        for adapter in self._adapters:
+            if adapter.lora_int_id in loaded:
+                engine.remove_lora(adapter.lora_int_id)
+            shutil.rmtree(adapter.lora_path, ignore_errors=True)
+        self._adapters = []
+        self.base.llm.collective_rpc("copes_clear_adapter_slots")
+
+    def assign(
+        self,
+        members: Sequence[int],
+        streams: Sequence[int],
+        seeds: Sequence[int | None] | None = None,
+    ) -> None:
+        """Each episode's slot and its member's sampling seed (`TaskRollout.population`);
+        `streams` are the episode loop's and unused here."""
+        if seeds is None or len(seeds) != len(members):
+            raise ValueError("a turn-by-turn population needs each episode's sampling seed")
+        if any(not 0 <= m < len(self._adapters) for m in members):
+            raise ValueError(f"episodes assigned to slots {sorted(set(members))}; loaded: "
+                             f"{len(self._adapters)} (call load() first)")  # fmt: skip
+        self._owners, self._seeds = list(members), list(seeds)
+
+    def generate_turn(
+        self,
+        prompts: Sequence[Sequence[int]],
+        sampling: SamplingConfig,
+        episodes: Sequence[int],
+        turn: int,
+    ) -> list[Generation]:
+        """One turn of the unfinished `episodes`: each row with its member's adapter and the
+        seed its member's rollout alone gives it (its member's turn seed + the row's index
+        among that member's unfinished episodes)."""
+        seen: dict[int, int] = {}
+        seeds, adapters = [], []
+        for episode in episodes:
+            owner = self._owners[episode]
+            index = seen.get(owner, 0)
+            seen[owner] = index + 1
+            seed = self._seeds[episode]
+            seeds.append(None if seed is None else turn_seed(seed, turn) + index)
+            adapters.append(self._adapters[owner])
+        return self.base.generate_rows(prompts, sampling, seeds, adapters)
+
+    def generate_ids(self, *args: Any, **kwargs: Any) -> list[Generation]:
+        raise NotImplementedError("a population is served through generate_turn only")
+
+    def close(self) -> None:
+        self.unload()
+        shutil.rmtree(self._folder, ignore_errors=True)
+
+
+__all__ = ["VLLMLowRankPopulation", "lora_capacity"]

