@@ -203,7 +203,9 @@ def dry_run(config: Any, optimizer_overrides: dict[str, Any]) -> dict[str, Any]:
     estimates = compare_optimizers(shape, seq_len, generation_batch_size=config.batch_size)
     if config.population_eval == "batched":  # the run's own optimizer, N copies in one batch
         from copes.optimizers.memory import estimate_memory
-        from copes.train import optimizer_config
+        from copes.train import lora_population, optimizer_config
+
+        lora_population(config, optimizer_overrides)  # refused as the run would refuse it
 
         opt_config = optimizer_config(config, optimizer_overrides)
         size, rank = opt_config.population_size, opt_config.perturbation_rank

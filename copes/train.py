@@ -475,6 +475,22 @@ def optimizer_config(config: TrainConfig, overrides: dict[str, Any]) -> Any:
     return spec.make_config(settings)
 
 
+def lora_population(config: TrainConfig, overrides: dict[str, Any]) -> tuple[int, int] | None:
+    """(members, rank) the vLLM engine must serve as LoRA adapters for a batched population
+    (`--backend vllm --population-eval batched`), else None; refuses full-rank members
+    there, before any engine starts."""
+    if config.population_eval != "batched" or config.backend != "vllm":
+        return None
+    opt_config = optimizer_config(config, overrides)
+    if not opt_config.perturbation_rank:
+        raise UserError(
+            "--population-eval batched on --backend vllm serves --noise lowrank members as "
+            "LoRA adapters (full-rank members would need N weight copies): add --noise "
+            "lowrank, or use --population-eval sequential"
+        )
+    return opt_config.population_size, opt_config.perturbation_rank
+
+
 # ---------------------------------------------------------------------- the trainer
 @dataclass
 class Budget:
@@ -521,17 +537,7 @@ class Trainer:
         import torch
 
         torch.manual_seed(c.seed)
-        lora = None
-        if c.population_eval == "batched" and c.backend == "vllm":  # refused before the engine
-            opt_config = optimizer_config(c, self.optimizer_overrides)
-            if not opt_config.perturbation_rank:  # type: ignore[attr-defined]
-                raise UserError(
-                    "--population-eval batched on --backend vllm serves --noise lowrank members "
-                    "as LoRA adapters (full-rank members would need N weight copies): add "
-                    "--noise lowrank, or use --population-eval sequential"
-                )
-            lora = (opt_config.population_size, opt_config.perturbation_rank)  # type: ignore[attr-defined]
-        self.policy = build_policy(c, lora)
+        self.policy = build_policy(c, lora_population(c, self.optimizer_overrides))
         self.optimizer = build_optimizer(c, self.optimizer_overrides, self.policy)
         from copes.agents.chat import resolve_call_format
 

@@ -168,6 +168,7 @@ def test_refuses_when_the_copies_do_not_fit(tiny_policy):
         (["--optimizer", "grpo"], "grpo has none"),
         (["--optimizer", "copes", "--workers", "2"], "--workers 0"),
         (["--optimizer", "copes", "--population-eval", "parallel"], "unknown --population-eval"),
+        (["--optimizer", "copes", "--backend", "vllm"], "add --noise lowrank"),
     ],
 )
 def test_batched_flag_errors_are_one_line(flags, message, capsys):
