@@ -20,9 +20,8 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 for _name, _value in {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}.items():
     os.environ.setdefault(_name, _value)
 
-# The warm start scores 0 here, so these runs check the wiring (same rollouts, rewards, log,
-# checksum and checkpoint on both backends); the update itself is compared with varying
-# rewards in tests/agents/test_vllm.py.
+# GRPO's run: the warm start scores 0 here, so it checks the wiring; the update itself is
+# compared with varying rewards in tests/agents/test_vllm.py.
 FAST = [
     "--env", "ToolQA-v0", "--batch-size", "2", "--max-new-tokens", "32", "--max-turns", "2",
     "--eval-tasks", "2", "--eval-every", "0", "--num-train-tasks", "20", "--no-progress",
@@ -34,27 +33,40 @@ def latest(out):
     return out / "checkpoints" / (out / "checkpoints" / "latest").read_text()
 
 
-def test_an_es_run_on_vllm_resumed_ends_with_the_transformers_runs_weights(
+def test_a_lowrank_copes_run_batched_on_vllm_and_resumed_ends_with_the_transformers_runs_weights(
     tmp_path, tiny_agent_dir, capsys
 ):
-    es = [*FAST, "--model", str(tiny_agent_dir), "--optimizer", "es",
-          "--population-size", "2", "--sigma", "0.05", "--learning-rate", "0.05"]  # fmt: skip
+    """copes-train on vLLM with its population batched as N LoRA adapters in one engine
+    batch (`--noise lowrank --population-eval batched`), stopped after step 1 and resumed
+    (the master loaded back into the engine), logs the rewards of the sequential
+    transformers run and ends on its checksum and checkpoint bytes. On ToolMath the tiny
+    agent's members score differently, so the comparison has something to compare. The
+    full-rank family on vLLM through copes-train: tests/agents/test_vllm_families.py."""
+    copes = [
+        "--env", "ToolMath-v0", "--batch-size", "4", "--max-new-tokens", "48",
+        "--max-turns", "2", "--invalid-penalty", "0.2", "--eval-tasks", "2",
+        "--eval-every", "0", "--num-train-tasks", "20", "--no-progress", "--no-tensorboard",
+        "--checkpoint-every", "1", "--dtype", "float32", "--device", "cpu",
+        "--model", str(tiny_agent_dir), "--optimizer", "copes", "--population-size", "4",
+        "--num-subspaces", "2", "--noise", "lowrank", "--noise-rank", "4", "--sigma", "0.05",
+        "--learning-rate", "0.05",
+    ]  # fmt: skip
     hf, vllm = tmp_path / "hf", tmp_path / "vllm"
-    runs = {  # the vLLM run stops after step 1 and resumes (weights loaded into the engine)
-        "hf": [["--steps", "2", "--out-dir", str(hf)]],
-        "vllm": [["--steps", "1", "--out-dir", str(vllm)],
-                 ["--steps", "2", "--out-dir", str(vllm), "--resume"]],
-    }  # fmt: skip
+    batched = ["--backend", "vllm", "--population-eval", "batched", "--out-dir", str(vllm)]
+    runs = {
+        "hf": [["--backend", "hf", "--steps", "2", "--out-dir", str(hf)]],
+        "vllm": [[*batched, "--steps", "1"], [*batched, "--steps", "2", "--resume"]],
+    }
     summaries = {}
     for backend, commands in runs.items():
         for extra in commands:
-            assert train_main([*es, *extra, "--backend", backend]) == 0
+            assert train_main([*copes, *extra]) == 0
         out = capsys.readouterr().out  # the summary is the last thing printed
         summaries[backend] = json.loads(out[out.rindex('{\n  "run_dir"') :])
     assert summaries["vllm"]["steps"] == summaries["hf"]["steps"] == 2
-    assert [e["rewards"] for e in read_jsonl(vllm / "es_log.jsonl")] == [
-        e["rewards"] for e in read_jsonl(hf / "es_log.jsonl")
-    ]
+    rewards = [e["rewards"] for e in read_jsonl(vllm / "es_log.jsonl")]
+    assert rewards == [e["rewards"] for e in read_jsonl(hf / "es_log.jsonl")]
+    assert len({r for step in rewards for r in step}) > 1  # the members differ
     assert summaries["vllm"]["checksum"] == summaries["hf"]["checksum"]
     ours, theirs = (
         load_file(str(latest(vllm) / "model.safetensors")),
@@ -93,34 +105,3 @@ def test_grpo_on_vllm_trains_the_transformers_copy_and_syncs_the_engine(tmp_path
             assert torch.equal(saved[name], tensor), name
     finally:
         trainer.close()
-
-
-def test_lowrank_copes_batched_as_lora_adapters_on_vllm_matches_the_sequential_hf_run(
-    tmp_path, tiny_agent_dir, capsys
-):
-    """`--population-eval batched --backend vllm --noise lowrank` (N LoRA adapters in one
-    engine batch) logs the rewards of the sequential transformers run and ends on its
-    weights; on ToolMath the tiny agent's members score differently, so the comparison
-    has something to compare."""
-    copes = [
-        "--env", "ToolMath-v0", "--batch-size", "4", "--max-new-tokens", "48",
-        "--max-turns", "2", "--invalid-penalty", "0.2", "--eval-tasks", "2",
-        "--eval-every", "0", "--num-train-tasks", "20", "--no-progress", "--no-tensorboard",
-        "--dtype", "float32", "--device", "cpu", "--model", str(tiny_agent_dir),
-        "--optimizer", "copes", "--population-size", "4", "--num-subspaces", "2",
-        "--noise", "lowrank", "--noise-rank", "4", "--sigma", "0.05",
-        "--learning-rate", "0.05", "--steps", "2",
-    ]  # fmt: skip
-    hf, vllm = tmp_path / "hf", tmp_path / "vllm"
-    summaries = {}
-    for name, extra in {
-        "hf": ["--backend", "hf", "--out-dir", str(hf)],
-        "vllm": ["--backend", "vllm", "--population-eval", "batched", "--out-dir", str(vllm)],
-    }.items():
-        assert train_main([*copes, *extra]) == 0
-        out = capsys.readouterr().out
-        summaries[name] = json.loads(out[out.rindex('{\n  "run_dir"') :])
-    rewards = [e["rewards"] for e in read_jsonl(vllm / "es_log.jsonl")]
-    assert rewards == [e["rewards"] for e in read_jsonl(hf / "es_log.jsonl")]
-    assert len({r for step in rewards for r in step}) > 1  # the members differ
-    assert summaries["vllm"]["checksum"] == summaries["hf"]["checksum"]

@@ -196,8 +196,8 @@ def model_flags(family_dir, name):
 
 # Each CLI run starts its own engine (~25 s on 2 cores, and CI has a 30-minute budget): the
 # CLIs run on Qwen3 (native JSON calls after reasoning); every family's engine, episode and
-# noise are covered above, and the CLIs' path does not depend on the family. ES (CoPES with
-# K = 1) through copes-train on vLLM is tests/test_train_vllm.py's run.
+# noise are covered above, and the CLIs' path does not depend on the family. The low-rank
+# family batched as LoRA adapters, stopped and resumed, is tests/test_train_vllm.py's run.
 @pytest.mark.parametrize("name", ["qwen3"])
 def test_copes_train_and_eval_on_vllm(family_dir, data_dir, tmp_path, name):
     from copes.cli import train_main
@@ -210,9 +210,10 @@ def test_copes_train_and_eval_on_vllm(family_dir, data_dir, tmp_path, name):
         "--max-turns", "3", "--max-new-tokens", "64", "--invalid-penalty", "0.1",
         "--no-tensorboard", "--no-progress",
     ]  # fmt: skip
+    # GRPO on a family's engine: test_a_copes_step_a_grpo_step_and_an_evaluation_on_the_engine
+    # (in process); GRPO through the Trainer on vLLM: tests/test_train_vllm.py.
     optimizers = {
         "copes": ["--population-size", "2", "--num-subspaces", "2", "--sigma", "1e-4"],
-        "grpo": ["--group-size", "2", "--learning-rate", "1e-6"],
     }
     for optimizer, extra in optimizers.items():
         out = tmp_path / optimizer

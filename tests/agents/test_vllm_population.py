@@ -30,16 +30,15 @@ MEMBERS, RANK = 4, 4
 
 @pytest.fixture(scope="module")
 def lora_engine(tiny_agent_dir):
+    """TP 1 in CI (its time budget); COPES_TEST_LORA_TP=2 runs the module at TP 2, where
+    vLLM shards the adapters the rank-0 worker wrote (run by hand, docs/optimizers.md)."""
     from copes.agents.vllm import VLLMPolicy
 
-    for name, value in {
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-    }.items():
-        os.environ.setdefault(name, value)
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     policy = VLLMPolicy.from_pretrained(
         tiny_agent_dir, dtype="float32", max_model_len=1024, lora_members=MEMBERS,
-        lora_rank=RANK,
+        lora_rank=RANK, tensor_parallel_size=int(os.environ.get("COPES_TEST_LORA_TP", "1")),
     )  # fmt: skip
     yield policy
     policy.close()
@@ -70,19 +69,13 @@ def recorder(into):
     return record
 
 
-@pytest.mark.parametrize(
-    ("temperature", "same_batch"),
-    [(0.0, True), (1.0, False)],
-    ids=["greedy", "sampled-own-batches"],
-)
-def test_members_served_as_lora_adapters_equal_the_same_members_perturbed_in_place(
-    lora_engine, temperature, same_batch
-):
-    """Every episode's tokens and every member's reward equal sequential evaluation's; sampled
-    episodes too (each row samples with its member's own per-turn seed), with each member on
-    its own tasks and draws."""
+def test_members_served_as_lora_adapters_equal_the_same_members_perturbed_in_place(lora_engine):
+    """Sampled, each member on its own tasks and draws: every episode's tokens and every
+    member's reward equal sequential evaluation's, because each row samples with its member's
+    own per-turn seed. (Greedy, through copes-train against the transformers backend:
+    tests/test_train_vllm.py.)"""
     members = members_of_step()
-    rollout = math_rollout(temperature, same_batch)
+    rollout = math_rollout(temperature=1.0, same_batch=False)
     try:
         base = [list(t.token_ids) for t in rollout(lora_engine, 0, 0)]
         before = lora_engine.engine_digest()
@@ -105,9 +98,7 @@ def test_members_served_as_lora_adapters_equal_the_same_members_perturbed_in_pla
         rollout.close()
     assert [r.reward for r in bat] == [r.reward for r in seq]
     assert batched == sequential
-    # Not vacuous: the members' deltas change what the model writes.
-    if same_batch:
-        assert any([tokens for tokens, _ in sequential[m]] != base for m in sequential)
+    # Not vacuous: the members write different episodes.
     assert len({str(sequential[m]) for m in sequential}) > 1
 
 

@@ -175,8 +175,8 @@ def test_copes_train_low_rank_batched_and_sequential(tmp_path, tiny_agent_dir):
     common = [
         "--model", str(tiny_agent_dir), "--optimizer", "copes", "--population-size", "4",
         "--num-subspaces", "2", "--sigma", "0.05", "--learning-rate", "0.01", "--batch-size",
-        "4", "--max-new-tokens", "48", "--eval-tasks", "4", "--num-train-tasks", "50",
-        "--steps", "2", "--no-progress", "--report-to", "none", "--invalid-penalty", "0.2",
+        "4", "--max-new-tokens", "48", "--eval-tasks", "2", "--num-train-tasks", "50",
+        "--steps", "1", "--no-progress", "--report-to", "none", "--invalid-penalty", "0.2",
         "--noise", "lowrank", "--noise-rank", "2",
     ]  # fmt: skip
     for mode in ("sequential", "batched"):
@@ -186,7 +186,7 @@ def test_copes_train_low_rank_batched_and_sequential(tmp_path, tiny_agent_dir):
     assert [e["rewards"] for e in logs[0]] == [e["rewards"] for e in logs[1]]
     assert len(set(logs[0][0]["rewards"])) > 1
     initial = load_file(str(tiny_agent_dir / "model.safetensors"))
-    trained = load_file(str(tmp_path / "batched" / "checkpoints" / "step-000002" /
+    trained = load_file(str(tmp_path / "batched" / "checkpoints" / "step-000001" /
                             "model.safetensors"))  # fmt: skip
     changed = {k for k in initial if not torch.equal(initial[k], trained[k])}
     assert changed and all(initial[k].dim() >= 2 for k in changed)  # 1-D tensors held still
