@@ -9,10 +9,10 @@ unperturbed weights. The rollout runs turn by turn (`rollout.generate_turn`), an
 samples with the seed its member's rollout alone would give it, so sampled episodes match
 too, not only greedy ones.
 
-Every step's adapters get new names and ids: vLLM's prefix cache keys blocks by adapter
-name, so reusing a name for other factors could serve KV blocks computed under the last
-step's member. The previous step's adapters are removed from the engine when the next are
-loaded, and their folders deleted.
+Every step's adapters get new names and ids: vLLM caches adapters by id and keys prefix
+blocks by adapter name, so a reused one could serve the last step's member. Right after the
+step's rollout (`BatchedEvaluator` calls `unload`) the adapters are removed from the engine,
+their slots zeroed and their folders deleted, before the base model serves anything else.
 """
 
 from __future__ import annotations
