@@ -184,6 +184,17 @@ def parse_train_args(argv: Sequence[str] | None) -> tuple[Any, dict[str, Any], a
     return config, optimizer, args
 
 
+def vllm_slot_rank(rank: int) -> int | None:
+    """The rank vLLM's LoRA slots get for rank-`rank` members; None where vllm is not
+    installed (the plan then counts the members at rank r and says so in its key)."""
+    try:
+        from copes.agents.vllm import lora_slot_rank
+
+        return lora_slot_rank(rank)
+    except ImportError:
+        return None
+
+
 def dry_run(config: Any, optimizer_overrides: dict[str, Any]) -> dict[str, Any]:
     """The plan: settings, the model's shape, and the theoretical memory of each optimizer."""
     from transformers import AutoConfig
@@ -210,10 +221,18 @@ def dry_run(config: Any, optimizer_overrides: dict[str, Any]) -> dict[str, Any]:
         opt_config = optimizer_config(config, optimizer_overrides)
         size, rank = opt_config.population_size, opt_config.perturbation_rank
         noise = f", --noise lowrank r={rank}" if rank else ""
+        slot_rank = rank
+        if config.backend == "vllm":  # vLLM's LoRA slots have its padded rank
+            slot_rank = vllm_slot_rank(rank)
+            noise += (
+                f", vLLM LoRA slots of rank {slot_rank}"
+                if slot_rank
+                else ", vLLM's padded slot rank unknown: vllm is not installed"
+            )
         estimates[f"{config.optimizer} (--population-eval batched{noise}, N={size})"] = (
             estimate_memory(
                 config.optimizer, shape, seq_len=seq_len, batch_size=size * config.batch_size,
-                population_copies=size, population_rank=rank,
+                population_copies=size, population_rank=slot_rank or rank,
             )
         )  # fmt: skip
     memory = {

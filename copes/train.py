@@ -483,11 +483,9 @@ def lora_population(config: TrainConfig, overrides: dict[str, Any]) -> tuple[int
         return None
     opt_config = optimizer_config(config, overrides)
     if not opt_config.perturbation_rank:
-        raise UserError(
-            "--population-eval batched on --backend vllm serves --noise lowrank members as "
-            "LoRA adapters (full-rank members would need N weight copies): add --noise "
-            "lowrank, or use --population-eval sequential"
-        )
+        from copes.optimizers.batched import FULL_RANK_ON_VLLM
+
+        raise UserError(FULL_RANK_ON_VLLM)
     return opt_config.population_size, opt_config.perturbation_rank
 
 

@@ -89,25 +89,33 @@ def hf_state_dict(model: Any) -> dict[str, torch.Tensor]:
     return state
 
 
-def lora_engine_options(members: int, rank: int) -> dict[str, Any]:
-    """vLLM engine options that serve `members` rank-`rank` LoRA adapters in one batch: every
-    member's adapter on the GPU at once (`max_loras`) and in the CPU cache (`max_cpu_loras`),
-    the rank padded up to the smallest one vLLM builds kernels for (zeros: the same delta)."""
+def lora_slot_rank(rank: int) -> int:
+    """The rank of the LoRA slots vLLM allocates for rank-`rank` adapters: the smallest one it
+    builds kernels for (`MaxLoRARanks`) that holds `rank`; adapters are zero-padded to it."""
     from typing import get_args
 
     from vllm.config.lora import MaxLoRARanks
 
-    if members < 1 or rank < 1:
-        raise ValueError(f"LoRA serving needs members >= 1 and rank >= 1, got {members}, {rank}")
+    if rank < 1:
+        raise ValueError(f"LoRA serving needs rank >= 1, got {rank}")
     ranks = sorted(get_args(MaxLoRARanks))
     fitting = [r for r in ranks if r >= rank]
     if not fitting:
         raise ValueError(f"--noise-rank {rank} exceeds vLLM's largest LoRA rank {ranks[-1]}")
+    return fitting[0]
+
+
+def lora_engine_options(members: int, rank: int) -> dict[str, Any]:
+    """vLLM engine options that serve `members` rank-`rank` LoRA adapters in one batch: every
+    member's adapter on the GPU at once (`max_loras`) and in the CPU cache (`max_cpu_loras`),
+    in slots of `lora_slot_rank(rank)` (the padding is zeros: the same delta)."""
+    if members < 1:
+        raise ValueError(f"LoRA serving needs members >= 1, got {members}")
     return {
         "enable_lora": True,
         "max_loras": members,
         "max_cpu_loras": members,
-        "max_lora_rank": fitting[0],
+        "max_lora_rank": lora_slot_rank(rank),
     }
 
 
@@ -496,5 +504,6 @@ __all__ = [
     "hf_layout",
     "hf_state_dict",
     "lora_engine_options",
+    "lora_slot_rank",
     "scratch_dir",
 ]

@@ -26,11 +26,22 @@ from typing import TYPE_CHECKING, Any
 
 from copes.agents.adapters import adapter_targets
 from copes.agents.rollout import turn_seed
+from copes.agents.vllm import scratch_dir
 
 if TYPE_CHECKING:
     from copes.agents.policy import Generation, SamplingConfig
     from copes.agents.vllm import VLLMPolicy
     from copes.optimizers.perturb import Perturbation
+
+
+def adapter_bytes(skeleton: Any, targets: Sequence[Sequence[str]], rank: int) -> int:
+    """Bytes of one member's adapter file: (rows + cols) x r fp32 factors per target (an
+    upper bound: factors in bfloat16 take half)."""
+    per_rank = 0
+    for matrix, _, _ in targets:
+        shape = skeleton.get_parameter(matrix).shape
+        per_rank += shape[0] + shape[1:].numel()
+    return 4 * rank * per_rank
 
 
 def lora_capacity(policy: VLLMPolicy) -> tuple[int, int]:
@@ -66,7 +77,9 @@ class VLLMLowRankPopulation:
         policy.weights()  # the workers' weight space: it draws the members' factors
         self.targets = [[t.matrix, t.module, t.kind] for t in adapter_targets(policy.skeleton())]
         self.chat, self.tokenizer = policy.chat, policy.tokenizer
-        self._folder = Path(tempfile.mkdtemp(prefix="copes-adapters-"))
+        # Shared memory when it has room, as for weight files: a step writes every member.
+        step_bytes = members * adapter_bytes(policy.skeleton(), self.targets, rank)
+        self._folder = Path(tempfile.mkdtemp(prefix="copes-adapters-", dir=scratch_dir(step_bytes)))
         weakref.finalize(self, shutil.rmtree, self._folder, True)  # also when never closed
         self._adapters: list[Any] = []  # LoRARequest of each slot
         self._owners: list[int] = []
@@ -87,13 +100,16 @@ class VLLMLowRankPopulation:
         if any(m.rank != self.rank for m in members):
             raise ValueError(f"this population serves rank-{self.rank} members only")
         self.unload()
-        for member in members:
-            ident = self.base.new_adapter_id()
-            folder = str(self._folder / f"member-{ident}")
-            written = self.base.llm.collective_rpc(
-                "copes_write_adapter", args=(encode_perturbation(member), folder, self.targets)
-            )[0]
-            self._adapters.append(LoRARequest(f"copes-member-{ident}", ident, written))
+        ids = [self.base.new_adapter_id() for _ in members]
+        folders = [str(self._folder / f"member-{ident}") for ident in ids]
+        encoded = [encode_perturbation(member) for member in members]
+        written = self.base.llm.collective_rpc(
+            "copes_write_adapters", args=(encoded, folders, self.targets)
+        )[0]  # rank 0's folders: one round trip for the whole step
+        self._adapters = [
+            LoRARequest(f"copes-member-{ident}", ident, folder)
+            for ident, folder in zip(ids, written, strict=True)
+        ]
 
     def unload(self) -> None:
         """Drop the loaded adapters from the engine (their slots zeroed: see
@@ -153,4 +169,4 @@ class VLLMLowRankPopulation:
         shutil.rmtree(self._folder, ignore_errors=True)
 
 
-__all__ = ["VLLMLowRankPopulation", "lora_capacity"]
+__all__ = ["VLLMLowRankPopulation", "adapter_bytes", "lora_capacity"]

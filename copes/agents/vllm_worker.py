@@ -145,21 +145,28 @@ class CopesWorkerExtension:
     ) -> None:
         self._space().update([decode_perturbation(p) for p in perturbations], coefficients, lr)
 
-    def copes_write_adapter(
-        self, perturbation: Sequence[Any], folder: str, targets: Sequence[Sequence[str]]
-    ) -> str:
-        """Write a low-rank member as a PEFT LoRA adapter folder (`copes.agents.adapters`),
-        from the whole HF matrices' factors: drawn here, on the device the in-place member and
-        the update draw them on, so the adapter is that member. Rank 0 writes it (vLLM's
-        LoRA loader shards it for every rank); returns the folder ('' on other ranks)."""
+    def copes_write_adapters(
+        self,
+        perturbations: Sequence[Sequence[Any]],
+        folders: Sequence[str],
+        targets: Sequence[Sequence[str]],
+    ) -> list[str]:
+        """Write a step's low-rank members as PEFT LoRA adapter folders (`copes.agents.adapters`),
+        one per member, in one call. Each member's factors are those of the whole HF matrices,
+        drawn here, on the device the in-place member and the update draw them on, so each
+        adapter is that member. Rank 0 writes them (vLLM's LoRA loader shards them for every
+        rank); returns the folders ([] on other ranks)."""
         from copes.agents.adapters import AdapterTarget, write_peft_adapter
 
         if self.rank != 0:  # type: ignore[attr-defined]
-            return ""
-        member = decode_perturbation(perturbation)
-        factors = self._space().low_rank_factors(member, full=True)
+            return []
         plan = [AdapterTarget(matrix, module, kind) for matrix, module, kind in targets]  # type: ignore[arg-type]
-        return str(write_peft_adapter(folder, factors, plan, member.rank))
+        written = []
+        for encoded, folder in zip(perturbations, folders, strict=True):
+            member = decode_perturbation(encoded)
+            factors = self._space().low_rank_factors(member, full=True)
+            written.append(str(write_peft_adapter(folder, factors, plan, member.rank)))
+        return written
 
     def copes_clear_adapter_slots(self) -> int:
         """Zero every LoRA slot of every LoRA layer; returns the layers cleared.

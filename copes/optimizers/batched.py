@@ -32,6 +32,14 @@ if TYPE_CHECKING:
 # Of the free memory, what the stacked copies may take (the rest: KV caches, activations).
 MEMORY_FRACTION = 0.8
 
+# Why vLLM serves only low-rank members in one batch; `copes-train` (a UserError, before any
+# engine starts) and `BatchedEvaluator` (a ValueError, for the Python API) both say it.
+FULL_RANK_ON_VLLM = (
+    "--population-eval batched on --backend vllm serves --noise lowrank members as LoRA "
+    "adapters (full-rank members would need N weight copies, which vLLM does not hold): add "
+    "--noise lowrank, or use --population-eval sequential"
+)
+
 
 def free_memory_bytes(device: torch.device) -> int:
     """Memory free for new tensors on `device` (CUDA: the driver's count; CPU: MemAvailable)."""
@@ -112,16 +120,14 @@ class BatchedEvaluator:
         self.rollout = rollout
         self.on_batch = on_batch
         self.rank = rank
-        if isinstance(policy, VLLMPolicy):
+        # On vLLM the members are the engine's LoRA adapters: loaded by its workers, and
+        # unloaded right after the rollout so that nothing else is served with them.
+        self.on_vllm = isinstance(policy, VLLMPolicy)
+        if self.on_vllm:
             from copes.agents.vllm_population import VLLMLowRankPopulation
 
             if not rank:
-                raise ValueError(
-                    "--population-eval batched on --backend vllm serves --noise lowrank "
-                    "members as LoRA adapters; full-rank members would need N weight copies, "
-                    "which vLLM does not hold: add --noise lowrank or use --population-eval "
-                    "sequential"
-                )
+                raise ValueError(FULL_RANK_ON_VLLM)
             # vLLM sizes its LoRA buffers itself, inside --gpu-memory-utilization.
             self.stacked: Any = VLLMLowRankPopulation(policy, population_size, rank)
             self.population: Any = self.stacked
@@ -153,7 +159,7 @@ class BatchedEvaluator:
         try:
             batches = self.rollout.population(self.population, step, [m.member for m in members])
         finally:
-            if self.population is self.stacked:  # vLLM: nothing else may see the adapters
+            if self.on_vllm:
                 self.stacked.unload()
         results = []
         for member, batch, seconds in zip(members, batches, weight_seconds, strict=True):
@@ -164,7 +170,7 @@ class BatchedEvaluator:
 
     def _load(self, members: Sequence[Perturbation]) -> list[float]:
         """Put every member into its slot; returns the seconds each took."""
-        if self.population is self.stacked:  # vLLM: the workers write the members' adapters
+        if self.on_vllm:  # the workers write the members' adapters, all in one call
             start = time.perf_counter()
             self.stacked.load(members)
             return [(time.perf_counter() - start) / len(members)] * len(members)

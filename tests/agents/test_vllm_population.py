@@ -105,8 +105,14 @@ def test_members_served_as_lora_adapters_equal_the_same_members_perturbed_in_pla
 def test_every_step_gets_new_adapter_ids_and_drops_the_last_steps(lora_engine):
     from copes.agents.vllm_population import VLLMLowRankPopulation
 
+    import tempfile
+
+    from copes.agents.vllm import scratch_dir
+
     population = VLLMLowRankPopulation(lora_engine, MEMBERS, RANK)
     try:
+        # A step's adapter files go where weight files go (/dev/shm when it has room).
+        assert str(population._folder.parent) == (scratch_dir(2**20) or tempfile.gettempdir())
         population.load(members_of_step(0))
         first = {a.lora_int_id for a in population._adapters}
         lora_engine.llm.llm_engine.add_lora(population._adapters[0])
@@ -136,3 +142,21 @@ def test_full_rank_members_are_refused_on_vllm(lora_engine):
             BatchedEvaluator(lora_engine, rollout, MEMBERS, rank=0)
     finally:
         rollout.close()
+
+
+def test_dry_run_plans_the_lora_slots_at_vllms_padded_rank(capsys):
+    """vLLM allocates rank-8 slots for rank-2 members (zero-padded): the plan counts those."""
+    import json
+
+    from copes.cli import train_main
+
+    args = ["--optimizer", "copes", "--population-eval", "batched", "--population-size", "8",
+            "--batch-size", "4", "--steps", "1", "--dry-run", "--noise", "lowrank",
+            "--noise-rank", "2"]  # fmt: skip
+    plans = {}
+    for backend in ("hf", "vllm"):
+        assert train_main([*args, "--backend", backend]) == 0
+        plans[backend] = json.loads(capsys.readouterr().out)["memory_bytes"]
+    on_hf = plans["hf"]["copes (--population-eval batched, --noise lowrank r=2, N=8)"]
+    key = "copes (--population-eval batched, --noise lowrank r=2, vLLM LoRA slots of rank 8, N=8)"
+    assert plans["vllm"][key]["population_adapters"] == 4 * on_hf["population_adapters"] > 0

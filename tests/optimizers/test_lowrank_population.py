@@ -162,6 +162,25 @@ def test_dry_run_plans_the_adapters_not_copies(capsys):
     assert batched["kv_cache"] == 8 * memory["copes"]["kv_cache"]
 
 
+def test_dry_run_on_vllm_without_vllm_says_its_slot_rank_is_unknown(capsys):
+    """Where vllm is not installed the plan cannot know vLLM's padded LoRA rank: its key says
+    so (the vLLM suite checks the padded plan)."""
+    import importlib.util
+    import json
+
+    from copes.cli import train_main
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is installed: tests/agents/test_vllm_population.py checks this plan")
+    args = ["--optimizer", "copes", "--population-eval", "batched", "--population-size", "8",
+            "--batch-size", "4", "--steps", "1", "--dry-run", "--noise", "lowrank",
+            "--noise-rank", "2", "--backend", "vllm"]  # fmt: skip
+    assert train_main(args) == 0
+    memory = json.loads(capsys.readouterr().out)["memory_bytes"]
+    (key,) = [k for k in memory if "batched" in k]
+    assert "vLLM's padded slot rank unknown: vllm is not installed" in key
+
+
 @pytest.mark.slow
 def test_copes_train_low_rank_batched_and_sequential(tmp_path, tiny_agent_dir):
     """Through copes-train on the float32 tiny agent: both evaluators run the low-rank
