@@ -62,10 +62,3 @@ def family_data_dir(tmp_path) -> Path:
     record = {"question": families.QUESTION, "answer": f"12*34={families.ANSWER}\n#### 408"}
     (folder / "gsm8k.jsonl").write_text(json.dumps(record) + "\n")
     return folder
-
-
-def pytest_collection_modifyitems(config, items):
-    """Run the tests that need no tiny agent first, each group in its collected order: where
-    the agent is still being built in the background (CI does that beside the suites), they
-    run meanwhile, and the first test that needs it waits on the builder's lock."""
-    items.sort(key=lambda item: "tiny_agent_dir" in getattr(item, "fixturenames", ()))

@@ -103,11 +103,10 @@ def test_members_served_as_lora_adapters_equal_the_same_members_perturbed_in_pla
 
 
 def test_every_step_gets_new_adapter_ids_and_drops_the_last_steps(lora_engine):
-    from copes.agents.vllm_population import VLLMLowRankPopulation
-
     import tempfile
 
     from copes.agents.vllm import scratch_dir
+    from copes.agents.vllm_population import VLLMLowRankPopulation
 
     population = VLLMLowRankPopulation(lora_engine, MEMBERS, RANK)
     try:
