@@ -187,12 +187,13 @@ def parse_train_args(argv: Sequence[str] | None) -> tuple[Any, dict[str, Any], a
 def vllm_slot_rank(rank: int) -> int | None:
     """The rank vLLM's LoRA slots get for rank-`rank` members; None where vllm is not
     installed (the plan then counts the members at rank r and says so in its key)."""
-    try:
-        from copes.agents.vllm import lora_slot_rank
+    import importlib.util
 
-        return lora_slot_rank(rank)
-    except ImportError:
+    if importlib.util.find_spec("vllm") is None:
         return None
+    from copes.agents.vllm import lora_slot_rank
+
+    return lora_slot_rank(rank)
 
 
 def dry_run(config: Any, optimizer_overrides: dict[str, Any]) -> dict[str, Any]:
