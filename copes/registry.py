@@ -173,7 +173,9 @@ class Benchmark:
         from copes.envs.tasks.base import Passage
 
         passage = (Passage("placeholder", "a passage, for envs that search each task's pool"),)
-        placeholder = Task("placeholder", "?", ("0",), self.kind, passages=passage)
+        placeholder = Task(  # its source picks the benchmark's QA rule (`tool_qa_env`)
+            "placeholder", "?", ("0",), self.kind, passages=passage, source=self.name
+        )
         env = self.make_env([placeholder])
         try:
             return env.unwrapped.grader

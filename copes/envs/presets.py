@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from copes.envs.core import ToolEnv
 from copes.envs.parsing import CallFormat
-from copes.envs.rewards.graders import MathGrader, QAGrader, as_grader
+from copes.envs.rewards.graders import Grader, MathGrader, QAGrader, as_grader
 from copes.envs.tasks.base import Task
 from copes.envs.tools.base import Tool
 
@@ -68,6 +68,21 @@ def _resolve_tasks(
             f"(first: {wrong[0]!r}); use the other environment or fix the task kind"
         )
     return tasks
+
+
+def _qa_rule_of(tasks: Sequence[Task]) -> str:
+    """The one official QA rule of the tasks' benchmarks; tasks of benchmarks with different
+    rules in one env are an error (their scores would not be comparable)."""
+    from copes.envs.rewards.qa import DEFAULT_QA_RULE, benchmark_qa_rule
+
+    rules = {benchmark_qa_rule(t.source): t.source for t in tasks}
+    if len(rules) > 1:
+        found = ", ".join(f"{src or '(no source)'}: {rule}" for rule, src in sorted(rules.items()))
+        raise ValueError(
+            f"ToolQA: the tasks come from benchmarks with different official QA rules ({found}); "
+            "pass qa_rule=<one of them> or build one env per benchmark"
+        )
+    return next(iter(rules), DEFAULT_QA_RULE)
 
 
 def tool_math_env(
@@ -131,17 +146,27 @@ def tool_qa_env(
     top_k: int = 3,
     corpus_index: str | Path | None = None,
     reward_metric: Literal["f1", "em"] = "f1",
+    qa_rule: str | None = None,
     grader: Any = None,
     **env_kwargs: Any,
 ) -> ToolEnv:
     """ToolQA-v0: multi-hop questions, a BM25 search tool, an EM/F1 grader.
 
     Search runs over each question's own passage pool (the distractor setting) unless
-    `corpus_index` names an on-disk open-corpus index (see docs/retrieval.md).
+    `corpus_index` names an on-disk open-corpus index (see docs/retrieval.md). EM/F1 follow
+    `qa_rule` (`copes.envs.rewards.qa.QA_RULES`); None: the official rule of the tasks'
+    benchmark (their `source`), SQuAD v1.1 for benchmarks without one of their own.
     """
     tasks = _resolve_tasks(
         tasks, "qa", "ToolQA", benchmark, split, source, data_dir, limit, task_seed, columns
     )
+    if grader is None:
+        rule = _qa_rule_of(tasks) if qa_rule is None else qa_rule
+        qa_grader: Grader = QAGrader(metric=reward_metric, rule=rule)
+    elif qa_rule is not None:
+        raise ValueError("ToolQA: pass grader= or qa_rule= (the default grader's rule), not both")
+    else:
+        qa_grader = as_grader(grader, QAGrader(metric=reward_metric))
     if tools is None:
         from copes.envs.tools.search import SearchTool
 
@@ -161,7 +186,7 @@ def tool_qa_env(
     return ToolEnv(
         tasks,
         [*tools, *extra_tools],
-        as_grader(grader, QAGrader(metric=reward_metric)),
+        qa_grader,
         max_turns=max_turns,
         call_format=call_format,
         **env_kwargs,

@@ -1,4 +1,4 @@
-"""EM / F1 against hand-computed values, following the SQuAD and HotpotQA eval rules."""
+"""EM / F1 against hand-computed values, following the SQuAD, HotpotQA and MuSiQue rules."""
 
 from __future__ import annotations
 
@@ -46,19 +46,19 @@ def test_normalize_answer(raw: str, normalized: str) -> None:
         ("BEYONCÉ", "Beyoncé", 1.0, 1.0),
         ("Beyonce", "Beyoncé", 0.0, 0.0),
         ("Zürich Switzerland", "Zürich", 0.0, 2 / 3),
-        # yes / no / noanswer: no partial credit when they differ (HotpotQA rule)
+        # yes / no / noanswer (the default rule is SQuAD v1.1: partial credit allowed)
         ("yes", "yes", 1.0, 1.0),
         ("Yes.", ["yes"], 1.0, 1.0),
         ("no", "yes", 0.0, 0.0),
-        ("yes", "yes it is", 0.0, 0.0),
-        ("yes it is", "yes", 0.0, 0.0),
+        ("yes", "yes it is", 0.0, 0.5),
+        ("yes it is", "yes", 0.0, 0.5),
         ("noanswer", "no answer", 0.0, 0.0),
         ("no", ["yes", "no"], 1.0, 1.0),
-        # empty: both empty match (SQuAD v2 rule), one empty scores 0
-        ("", "", 1.0, 1.0),
+        # empty: no common token, so F1 = 0 even when both are empty (SQuAD v1.1)
+        ("", "", 1.0, 0.0),
         ("", "Paris", 0.0, 0.0),
         ("Paris", "", 0.0, 0.0),
-        ("The", "a", 1.0, 1.0),  # both normalize to nothing
+        ("The", "a", 1.0, 0.0),  # both normalize to nothing
         ("", ["Paris", "London"], 0.0, 0.0),
     ],
 )
@@ -67,12 +67,31 @@ def test_exact_match_and_f1(pred: str, golds: str | list[str], em: float, f1: fl
     assert f1_score(pred, golds) == pytest.approx(f1)
 
 
+@pytest.mark.parametrize(
+    ("pred", "golds", "rule", "f1"),
+    [
+        # HotpotQA / 2Wiki: no partial credit when a yes/no/noanswer side differs
+        ("yes", "yes it is", "hotpotqa", 0.0),
+        ("yes it is", "yes", "2wiki", 0.0),
+        ("yes it is", "yes", "musique", 0.5),
+        ("no", ["yes", "no"], "hotpotqa", 1.0),
+        # MuSiQue (SQuAD v2.0): both empty match, one empty scores 0
+        ("", "", "musique", 1.0),
+        ("The", "a", "musique", 1.0),
+        ("The", "a", "hotpotqa", 0.0),
+        ("", "Paris", "musique", 0.0),
+    ],
+)
+def test_f1_by_rule(pred: str, golds: str | list[str], rule: str, f1: float) -> None:
+    assert f1_score(pred, golds, rule=rule) == pytest.approx(f1)
+
+
 def test_scores_are_floats_in_unit_interval() -> None:
     for pred in ["Paris", "", "yes", "the city of Paris"]:
         for golds in ["Paris", ["Paris", "City of Light"], "no"]:
             em, f1 = exact_match(pred, golds), f1_score(pred, golds)
             assert isinstance(em, float) and isinstance(f1, float)
-            assert 0.0 <= em <= f1 <= 1.0  # an exact match always has F1 = 1
+            assert 0.0 <= em <= f1 <= 1.0  # a non-empty exact match has F1 = 1
 
 
 def test_a_string_gold_is_one_alias_not_characters() -> None:

@@ -73,21 +73,25 @@ class MathGrader:
 
 
 class QAGrader:
-    """Reward = token F1 (default, a denser signal for training) or exact match.
+    """Reward = token F1 (default, a denser signal for training) or exact match, by `rule`,
+    the official QA script reproduced (`copes.envs.rewards.qa.QA_RULES`; default SQuAD v1.1).
 
     Both metrics are always reported in the details; `correct` means exact match.
     """
 
-    def __init__(self, metric: Literal["f1", "em"] = "f1") -> None:
+    def __init__(self, metric: Literal["f1", "em"] = "f1", rule: str = "squad") -> None:
+        from copes.envs.rewards.qa import get_qa_rule
+
         if metric not in ("f1", "em"):
             raise ValueError(f"QA reward metric must be 'f1' or 'em', got {metric!r}")
         self.metric = metric
+        self.rule = get_qa_rule(rule).name
 
     def __call__(self, answer: str, task: Task) -> Grade:
         from copes.envs.rewards.qa import exact_match, f1_score
 
         em = exact_match(answer, task.answers)
-        f1 = f1_score(answer, task.answers)
+        f1 = f1_score(answer, task.answers, rule=self.rule)
         return Grade(
             reward=f1 if self.metric == "f1" else em,
             correct=em == 1.0,
