@@ -73,6 +73,51 @@ def write_jsonl_atomic(path: Path, records: Iterable[dict[str, Any]]) -> None:
     os.replace(tmp, path)
 
 
+REBUILT_FROM = "es_log.jsonl"
+
+
+def rebuild_train_record(entry: Mapping[str, Any], previous: Mapping[str, Any] | None) -> dict:
+    """The train record of a step whose metrics.jsonl line was lost (torn, or never written:
+    killed between the two appends), from its replay-log entry (es_log.jsonl: `step`, the
+    members' `rewards`, the run's `tokens` and `seconds` after the step).
+
+    Only what the entry determines: reward mean / std / max over members, computed as the
+    optimizer computes them (numpy, so bit-identical), the token and second totals, and the
+    step's generated tokens when the previous step's entry is there (`previous`; none is
+    needed for step 0). Accuracy, per-subspace rewards, sigma, learning rate and timings are
+    not in the log and are left out, never guessed. `rebuilt_from` marks the record.
+    """
+    import numpy as np
+
+    rewards = np.asarray(entry["rewards"], dtype=np.float64)
+    record: dict[str, Any] = {
+        "kind": "train",
+        "step": int(entry["step"]),
+        "reward_mean": float(rewards.mean()),
+        "reward_std": float(rewards.std()),
+        "reward_max": float(rewards.max()),
+    }
+    if record["step"] == 0:
+        record["generated_tokens"] = int(entry["tokens"])
+    elif previous is not None and int(previous["step"]) == record["step"] - 1:
+        record["generated_tokens"] = int(entry["tokens"]) - int(previous["tokens"])
+    record["generated_tokens_total"] = int(entry["tokens"])
+    record["seconds_total"] = float(entry["seconds"])
+    record["rebuilt_from"] = REBUILT_FROM
+    return record
+
+
+def _before(record: Mapping[str, Any], step: int) -> bool:
+    return record.get("step", -1) < step or (
+        record.get("kind") == "validation" and record.get("step") == step
+    )
+
+
+def _order(record: Mapping[str, Any]) -> tuple[int, int]:
+    """Where the loop writes a record: the validation of step s, then the train record of s."""
+    return int(record.get("step", -1)), int(record.get("kind") == "train")
+
+
 class MetricsLog:
     """Appends metrics to `metrics.jsonl`, mirrors them to the reporters (`--report-to`:
     TensorBoard, wandb, trackio), redraws the curve."""
@@ -92,10 +137,30 @@ class MetricsLog:
             list(report_to), run_dir, project=project, config=config or {}
         )
 
-    def truncate_after(self, step: int) -> None:
-        """Forget records of steps >= `step` (they will be recomputed after a resume)."""
-        kept = [r for r in read_jsonl(self.path) if r.get("step", -1) < step]
+    def resume_at(self, step: int, rebuilt: Sequence[dict[str, Any]] = ()) -> None:
+        """Keep what a run resumed at `step` will not recompute, and add `rebuilt` records.
+
+        Kept: train records of steps < `step` and validations of steps <= `step` (measured
+        with the very weights the run resumes with); later ones are recomputed. `rebuilt`
+        records (`rebuild_train_record`) go in step order, a train record of step s after
+        the validation of step s, as the loop writes them; they are mirrored to the reporters.
+        """
+        kept = [r for r in read_jsonl(self.path) if _before(r, step)]
+        for record in rebuilt:
+            at = next((i for i, r in enumerate(kept) if _order(r) > _order(record)), len(kept))
+            kept.insert(at, record)
         write_jsonl_atomic(self.path, kept)
+        if self._reporters and rebuilt:
+            from copes.reporting import scalars
+
+            for record in rebuilt:
+                numbers = scalars(record["kind"], record)
+                for reporter in self._reporters:
+                    reporter.log(numbers, record["step"])
+
+    def has(self, kind: str, step: int) -> bool:
+        """Whether metrics.jsonl holds a `kind` record of `step`."""
+        return any(r["kind"] == kind and r["step"] == step for r in read_jsonl(self.path))
 
     def log(self, kind: str, step: int, values: dict[str, Any]) -> None:
         record = {"kind": kind, "step": step, **values}

@@ -25,7 +25,13 @@ from copes.errors import UserError
 from copes.optimizers.base import Optimizer, flag
 from copes.optimizers.table import OPTIMIZERS as OPTIMIZER_TABLE
 from copes.optimizers.table import get_optimizer, is_population
-from copes.run_log import MetricsLog, append_jsonl, drop_torn_tail, read_jsonl
+from copes.run_log import (
+    MetricsLog,
+    append_jsonl,
+    drop_torn_tail,
+    read_jsonl,
+    rebuild_train_record,
+)
 from copes.seeding import derive_seed
 
 if TYPE_CHECKING:
@@ -116,7 +122,9 @@ class TrainConfig:
         None,
     )
     device: str = flag("auto, cpu or cuda", "auto")
-    dtype: str = flag("float32 or bfloat16", "float32")
+    dtype: str = flag(
+        "float32, bfloat16, or float64 (CPU runs that agree across machines)", "float32"
+    )
     backend: str = flag("generation backend: hf (transformers) or vllm", "hf")
     tensor_parallel_size: int = flag("vllm: GPUs one engine spans", 1)
     gpu_memory_utilization: float = flag("vllm: fraction of GPU memory the engine takes", 0.85)
@@ -588,8 +596,8 @@ class Trainer:
             self._resume()
         start_seconds = self.budget.seconds
         clock = time.perf_counter()
-        if self.budget.steps == 0:
-            self.validate()
+        if self._validation_due() and not self.log.has("validation", self.budget.steps):
+            self.validate()  # step 0, or one a kill lost: the same weights, the same draws
         bar = tqdm(
             total=c.steps, initial=self.budget.steps, desc="training", disable=not c.progress
         )
@@ -619,8 +627,7 @@ class Trainer:
                 if done or (c.checkpoint_every and self.budget.steps % c.checkpoint_every == 0):
                     self.checkpoint()
             if self._final_checkpoint_missing():  # resumed after the last step was logged
-                self.validate()
-                self.checkpoint()
+                self.checkpoint()  # (its validation was kept, or made above)
         finally:
             bar.close()
             self.log.close()
@@ -671,6 +678,14 @@ class Trainer:
             keep=self.config.keep_checkpoints,
         )  # fmt: skip
 
+    def _validation_due(self) -> bool:
+        """Whether the loop validates at the current step: the first, every `eval_every`-th
+        and the last (budget spent)."""
+        steps, every = self.budget.steps, self.config.eval_every
+        return (
+            steps == 0 or bool(every and steps % every == 0) or self.budget.exhausted(self.config)
+        )
+
     def _final_checkpoint_missing(self) -> bool:
         """The budget is spent but no checkpoint holds its last step (a run killed, or out of
         disk, after logging its last ES step and before checkpointing it)."""
@@ -713,7 +728,9 @@ class Trainer:
             load_state,
         )
 
-        for log in ("es_log.jsonl", "metrics.jsonl"):  # a SIGKILL may leave half a line
+        # A SIGKILL may leave half a line: es_log's step is then rolled out again; a torn
+        # train record of a logged step is rebuilt from es_log below.
+        for log in ("es_log.jsonl", "metrics.jsonl"):
             drop_torn_tail(self.run_dir / log)
         checkpoint = latest_checkpoint(self.run_dir)
         if checkpoint is not None:
@@ -737,12 +754,9 @@ class Trainer:
             if master is not None:
                 self.policy.weights().load_master_state(master)
             logger.info("resuming from %s (step %d)", checkpoint, self.budget.steps)
+        logged = read_jsonl(self.run_dir / "es_log.jsonl") if self.optimizer.replays else []
         if self.optimizer.replays:
-            entries = [
-                e
-                for e in read_jsonl(self.run_dir / "es_log.jsonl")
-                if e["step"] >= self.budget.steps
-            ]
+            entries = [e for e in logged if e["step"] >= self.budget.steps]
             entries = self._contiguous(entries, self.budget.steps)
             if entries:
                 self.optimizer.replay(entries, self.policy)
@@ -751,7 +765,36 @@ class Trainer:
                 logger.info("replayed %d logged steps without rollouts", len(entries))
         elif checkpoint is None:
             logger.info("no checkpoint to resume from: starting from the base model")
-        self.log.truncate_after(self.budget.steps)
+        self.log.resume_at(self.budget.steps, self._rebuilt_train_records(logged))
+
+    def _rebuilt_train_records(self, logged: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Train records of the steps before the resume point that metrics.jsonl lacks (a
+        torn last line, or a kill between the es_log and metrics appends), rebuilt from
+        their es_log entries; a lacking step with no entry (GRPO, whose metrics lines are
+        not fsynced: an OS crash) cannot be rebuilt and is named in a warning."""
+        have = {
+            r["step"] for r in read_jsonl(self.run_dir / "metrics.jsonl") if r["kind"] == "train"
+        }
+        lacking = [s for s in range(self.budget.steps) if s not in have]
+        if not lacking:
+            return []
+        by_step = {int(e["step"]): e for e in logged}
+        rebuilt = [
+            rebuild_train_record(by_step[s], by_step.get(s - 1)) for s in lacking if s in by_step
+        ]
+        if rebuilt:
+            logger.warning(
+                "metrics.jsonl lacked the train record of step(s) %s: rebuilt from es_log.jsonl "
+                "(rewards, tokens, seconds; accuracy and timings are not logged there, so left "
+                "out; marked rebuilt_from)", ", ".join(str(r["step"]) for r in rebuilt),
+            )  # fmt: skip
+        if lost := [s for s in lacking if s not in by_step]:
+            logger.warning(
+                "metrics.jsonl lacks the train record of step(s) %s and no es_log.jsonl entry "
+                "holds them: they stay missing (their weights are in the checkpoint)",
+                ", ".join(map(str, lost)),
+            )
+        return rebuilt
 
     @staticmethod
     def _contiguous(entries: list[dict[str, Any]], first: int) -> list[dict[str, Any]]:

@@ -96,6 +96,59 @@ def test_es_resume_after_sigkill_is_bit_identical(tmp_path, tiny):
     ]
 
 
+@pytest.fixture(scope="module")
+def es_reference(tiny_agent_dir, tmp_path_factory):
+    """An uninterrupted 2-step CoPES run (checkpoint and validation at the end only)."""
+    args = [*ES_FAST, "--model", str(tiny_agent_dir), "--steps", "2", "--checkpoint-every", "0",
+            "--eval-every", "0"]  # fmt: skip
+    reference = tmp_path_factory.mktemp("es-reference")
+    assert train_main([*args, "--out-dir", str(reference)]) == 0
+    return args, reference
+
+
+@pytest.mark.parametrize("lost", ["torn", "never written"])
+def test_a_lost_train_record_is_rebuilt_from_es_log_and_a_lost_validation_remade(
+    tmp_path, es_reference, lost, caplog
+):
+    """Killed while appending step 1's train record (a torn last line of metrics.jsonl), or
+    between the es_log.jsonl and metrics.jsonl appends (no line at all): --resume replays
+    es_log and writes that record rebuilt from it, with the reward numbers and totals of the
+    original bit for bit, marked, and without what es_log does not hold; the final
+    validation the kill prevented is made with the same weights and draws: equal to the
+    uninterrupted run's."""
+    import logging
+    import shutil
+
+    args, reference = es_reference
+    records = read_jsonl(reference / "metrics.jsonl")
+    assert [(r["kind"], r["step"]) for r in records] == [
+        ("validation", 0), ("train", 0), ("train", 1), ("validation", 2),
+    ]  # fmt: skip
+
+    killed = tmp_path / "killed"
+    shutil.copytree(reference, killed)
+    shutil.rmtree(killed / "checkpoints")  # killed before the final checkpoint
+    lines = (reference / "metrics.jsonl").read_text().splitlines(keepends=True)
+    torn = lines[2][: len(lines[2]) // 2] if lost == "torn" else ""
+    (killed / "metrics.jsonl").write_text("".join(lines[:2]) + torn)
+    with caplog.at_level(logging.WARNING, logger="copes.train"):
+        assert train_main([*args, "--out-dir", str(killed), "--resume"]) == 0
+    assert "train record of step(s) 1: rebuilt from es_log.jsonl" in caplog.text
+
+    resumed = read_jsonl(killed / "metrics.jsonl")
+    assert [(r["kind"], r["step"]) for r in resumed] == [(r["kind"], r["step"]) for r in records]
+    original, rebuilt = records[2], resumed[2]
+    assert rebuilt["rebuilt_from"] == "es_log.jsonl"
+    for key in ("reward_mean", "reward_std", "reward_max", "generated_tokens",
+                "generated_tokens_total", "seconds_total"):  # fmt: skip
+        assert rebuilt[key] == original[key], key
+    assert not {"accuracy", "sigma", "generation_seconds", "tool_seconds"} & set(rebuilt)
+    assert resumed[:2] == records[:2] and resumed[3] == records[3]  # the remade validation
+    final_ref = weights_of(reference / "checkpoints" / "step-000002")
+    final_res = weights_of(killed / "checkpoints" / "step-000002")
+    assert all(torch.equal(final_ref[k], final_res[k]) for k in final_ref)
+
+
 def test_errors_are_clear(tmp_path, tiny, capsys):
     assert train_main(["--optimizer", "adam"]) == 2
     assert "unknown optimizer" in capsys.readouterr().err
@@ -163,6 +216,8 @@ def test_grpo_runs_and_resumes_from_its_last_checkpoint(tmp_path, tiny, optimize
     assert train_main([*base, "--steps", "2", "--resume"]) == 0
     train = [r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "train"]
     assert [r["step"] for r in train] == [0, 1]  # resumed at step 1, not from scratch
+    val = [r["step"] for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "validation"]
+    assert val == [0, 1, 2]  # step 1's, made with the weights resumed from, is kept
     state = json.loads((out / "checkpoints" / "step-000002" / "trainer_state.json").read_text())
     assert state["optimizer"]["step_count"] == 2 and state["budget"]["steps"] == 2
     from transformers import AutoModelForCausalLM

@@ -113,6 +113,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-resume", action="store_true", help="discard samples already in OUT and start over"
     )
     parser.add_argument(
+        "--regenerate-changed",
+        action="store_true",
+        help="resume: roll out again the samples of tasks whose data changed since they were "
+        "generated (their task_digest differs; refused otherwise)",
+    )
+    parser.add_argument(
         "--save-messages", action="store_true", help="store every conversation in samples.jsonl"
     )
     parser.add_argument(
@@ -190,6 +196,7 @@ def _evaluate_one(model: str, out: Path, args: argparse.Namespace, sampling: Any
             save_messages=args.save_messages,
             model_name=model,
             call_format=args.call_format,
+            regenerate_changed=args.regenerate_changed,
         )
     finally:
         close = getattr(policy, "close", None)
@@ -206,6 +213,7 @@ def run(args: argparse.Namespace) -> int:
     from copes.agents.policy import SamplingConfig
     from copes.evaluation.report import format_table, write_report
     from copes.evaluation.runner import check_ks, read_eval_config, rescore
+    from copes.evaluation.samples import check_stored_samples
     from copes.registry import resolve_benchmarks
 
     out = Path(args.out)
@@ -233,6 +241,12 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--out {out}: cannot create the folder ({exc.strerror})") from None
         resolve_benchmarks(args.benchmarks)
         template_kwargs_for(args.enable_thinking, args.chat_template_kwargs)
+        if not args.no_resume:  # samples of tasks that changed since: refused now too
+            for folder in [out, baseline_out] if args.baseline else [out]:
+                check_stored_samples(
+                    folder, args.benchmarks, n=args.n, limit=args.limit,
+                    data_dir=args.data_dir, regenerate_changed=args.regenerate_changed,
+                )  # fmt: skip
         from copes.reporting import parse_report_to
 
         parse_report_to(args.report_to)
@@ -278,6 +292,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.model is None and not args.rescore:
         parser.error("--model is required (or --rescore to re-grade the samples in --out)")
+    if args.regenerate_changed and (args.rescore or args.no_resume):
+        parser.error(
+            "--regenerate-changed re-generates stored samples on resume; drop it with "
+            + ("--rescore (which generates nothing)" if args.rescore else "--no-resume")
+        )
     if args.quiet:
         from transformers.utils import logging as transformers_logging
 

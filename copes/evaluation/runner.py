@@ -9,8 +9,9 @@ Every finished batch is appended to ``out_dir/samples.jsonl`` (one JSON line per
 an interrupted evaluation resumes where it stopped: samples already on disk are kept, a torn
 last line is dropped, and only batches with missing samples are rolled out again (a batch is
 always rolled out whole, so its samples come out exactly as in an uninterrupted run, and only
-the missing ones are written). `rescore(out_dir)` re-grades the stored predictions with the
-current graders without generating anything.
+the missing ones are written). A stored sample is kept only if its `task_digest` is the
+current task's (`copes.evaluation.samples`). `rescore(out_dir)` re-grades the stored
+predictions with the current graders without generating anything.
 """
 
 from __future__ import annotations
@@ -27,16 +28,26 @@ from typing import Any
 
 from copes.agents.policy import Policy, SamplingConfig
 from copes.agents.rollout import rollout
-from copes.envs.tasks.base import Task
+from copes.envs.tasks.base import Task, task_digest
 from copes.evaluation.passk import majority_at_n, mean_at_n, pass_at_k
 from copes.evaluation.report import BenchmarkResult, Report
+from copes.evaluation.samples import (
+    SAMPLES_FILE,
+    append_samples,
+    current_tasks,
+    describe,
+    read_samples,
+    sample_key,
+    sample_record,
+    stale_samples,
+    stale_tasks,
+)
 from copes.registry import Benchmark, get_benchmark, resolve_benchmarks
-from copes.run_log import drop_torn_tail, read_jsonl
+from copes.run_log import drop_torn_tail
 from copes.seeding import derive_seed
 
 logger = logging.getLogger(__name__)
 
-SAMPLES_FILE = "samples.jsonl"
 CONFIG_FILE = "eval_config.json"
 # Settings that change what a sample is; resuming with different values would mix two
 # evaluations in one file.
@@ -61,28 +72,6 @@ def check_ks(ks: Iterable[int], n: int) -> list[int]:
             f"raise n to at least {too_big[-1]} or drop those k"
         )
     return ks
-
-
-# ---------------------------------------------------------------------- samples on disk
-def read_samples(path: str | Path) -> list[dict[str, Any]]:
-    """The sample records of a samples.jsonl; a torn (unterminated) last line is ignored."""
-    return read_jsonl(
-        Path(path),
-        hint="Delete the damaged lines (they are re-generated on resume) or start again with "
-        "resume=False / --no-resume",
-    )
-
-
-def _append(path: Path, records: Sequence[dict[str, Any]]) -> None:
-    lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
-    with path.open("a", encoding="utf-8") as handle:
-        handle.write(lines)
-        handle.flush()
-        os.fsync(handle.fileno())
-
-
-def _key(record: dict[str, Any]) -> tuple[str, str, int]:
-    return record["benchmark"], record["task_id"], int(record["sample"])
 
 
 def read_eval_config(out_dir: str | Path) -> dict[str, Any] | None:
@@ -116,33 +105,6 @@ def _check_resumable(out_dir: Path, config: dict[str, Any]) -> None:
                 f"{old.get(name)!r}, now {config.get(name)!r}. Use another out_dir (--out), or "
                 f"resume=False (--no-resume) to discard the stored samples"
             )
-
-
-def _sample_record(
-    benchmark: Benchmark, task: Task, sample: int, trajectory: Any, save_messages: bool
-) -> dict[str, Any]:
-    grade = dict(trajectory.grade)
-    prediction = grade.pop("prediction", None)
-    grade.pop("gold", None)
-    grade.pop("correct", None)
-    record = {
-        "benchmark": benchmark.name,
-        "task_id": task.id,
-        "sample": sample,
-        "prediction": prediction,
-        "gold": list(task.answers),
-        "checks": list(task.checks),
-        "correct": bool(trajectory.correct),
-        "reward": float(trajectory.reward),
-        "grade": grade,
-        "tool_calls": trajectory.tool_calls,
-        "turns": trajectory.turns,
-        "end_reason": trajectory.end_reason,
-        "generated_tokens": trajectory.num_generated_tokens,
-    }
-    if save_messages:
-        record["messages"] = trajectory.messages
-    return record
 
 
 # ---------------------------------------------------------------------- metrics
@@ -209,6 +171,7 @@ def evaluate(
     save_messages: bool = False,
     model_name: str | None = None,
     call_format: str = "tags",
+    regenerate_changed: bool = False,
 ) -> Report:
     """Sample `n` tool-using episodes per problem of each benchmark and report pass@k etc.
 
@@ -228,6 +191,8 @@ def evaluate(
         model_name: recorded in the report and checked on resume.
         call_format: how the agent calls tools: tags, native (the model's own, from its chat
             template) or hermes / qwen-xml / llama-json.
+        regenerate_changed: on resume, roll out again the batches holding stored samples of a
+            task whose data changed since (`task_digest`); without it they are refused.
     """
 
     ks = check_ks(ks, n)
@@ -269,18 +234,31 @@ def evaluate(
             raise ValueError(f"benchmark {benchmark.name!r} has no tasks (limit={limit})")
         loaded.append((benchmark, tasks))
     config["task_ids"] = {b.name: [t.id for t in tasks] for b, tasks in loaded}
+    done = {sample_key(r): r for r in read_samples(samples_path)} if resume else {}
+    # Stored samples of tasks whose data changed: refused (before anything is written), or
+    # with `regenerate_changed` their whole batches are dropped below and rolled out again.
+    stale = stale_samples(samples_path, done, loaded, n, regenerate_changed)
     if resume:
         drop_torn_tail(samples_path)
     elif samples_path.exists():
         samples_path.unlink()
     (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-    done = {_key(r): r for r in read_samples(samples_path)}
 
     # Plan: every benchmark's (task, sample) pairs in fixed batches; keep those with gaps.
     plan = []
     for benchmark, tasks in loaded:
         items = [(task, s) for task in tasks for s in range(n)]
         batches = [items[i : i + batch_episodes] for i in range(0, len(items), batch_episodes)]
+        if stale[benchmark.name]:
+            dropped = [b for b in batches if any(t.id in stale[benchmark.name] for t, _ in b)]
+            for batch in dropped:
+                for task, s in batch:
+                    done.pop((benchmark.name, task.id, s), None)
+            logger.warning(
+                "%s: re-generating %d batch(es) of %s whose stored samples do not fit the "
+                "current tasks: %s", samples_path, len(dropped), benchmark.name,
+                describe(stale[benchmark.name]),
+            )  # fmt: skip
         todo = [
             (index, batch)
             for index, batch in enumerate(batches)
@@ -318,12 +296,12 @@ def evaluate(
                         options=[{"task": task} for task, _ in batch],
                     )
                     records = [
-                        _sample_record(benchmark, task, s, traj, save_messages)
+                        sample_record(benchmark.name, task, s, traj, save_messages)
                         for (task, s), traj in zip(batch, trajectories, strict=True)
                         if (benchmark.name, task.id, s) not in done
                     ]
-                    _append(samples_path, records)
-                    done.update((_key(r), r) for r in records)
+                    append_samples(samples_path, records)
+                    done.update((sample_key(r), r) for r in records)
                     generated += len(batch)
                     written += len(records)
                     bar.update(len(batch))
@@ -352,8 +330,11 @@ def rescore(out_dir: str | Path, *, ks: Sequence[int] | None = None) -> Report:
     """Re-grade the stored predictions of an evaluation with the current graders.
 
     Rewrites samples.jsonl with the new verdicts (atomically) and returns the report over the
-    benchmarks, problems and n of the last `evaluate` into `out_dir`. Samples that gave no
-    final answer keep their reward and stay incorrect. Nothing is generated.
+    benchmarks, problems and n of the last `evaluate` into `out_dir`. The report's samples are
+    graded against the current tasks (loaded as that evaluation did), so their digests are
+    checked first: a sample whose task only changed its gold answers or checks is re-graded
+    against the new ones; one whose question or passages changed is refused. Samples that
+    gave no final answer keep their reward and stay incorrect. Nothing is generated.
     """
     out = Path(out_dir)
     config_path = out / CONFIG_FILE
@@ -365,30 +346,54 @@ def rescore(out_dir: str | Path, *, ks: Sequence[int] | None = None) -> Report:
     try:
         config = json.loads(config_path.read_text(encoding="utf-8"))
         n = int(config["n"])
+        task_ids = {name: list(config["task_ids"][name]) for name in config["benchmarks"]}
     except (UnicodeDecodeError, json.JSONDecodeError, TypeError, KeyError, ValueError) as exc:
         raise ValueError(f"{config_path} is not an evaluation config ({exc!r})") from None
     ks = check_ks(config["ks"] if ks is None else ks, n)
     benchmarks = [get_benchmark(name) for name in config["benchmarks"]]
     # One record per (benchmark, task, sample), the last one written, as `evaluate` keeps.
-    records = list({_key(r): r for r in read_samples(out / SAMPLES_FILE)}.values())
+    done = {sample_key(r): r for r in read_samples(out / SAMPLES_FILE)}
+    current = {b.name: current_tasks(b, task_ids[b.name], config) for b in benchmarks}
+    for benchmark in benchmarks:
+        stale = stale_tasks(done, benchmark.name, current[benchmark.name], n)
+        refused = {task_id: why for task_id, why in stale.items() if why != "gold"}
+        if refused:
+            raise ValueError(
+                f"{out / SAMPLES_FILE} holds {benchmark.name} samples that cannot be re-graded "
+                f"against the current tasks: {describe(refused)}. Re-generate them with "
+                f"copes-eval --model MODEL --out {out} --regenerate-changed (same settings), "
+                "or start over with --no-resume"
+            )
+        if stale:
+            logger.warning(
+                "%s: re-grading against new gold answers or checks: %s",
+                benchmark.name, describe(stale),
+            )  # fmt: skip
+    tasks = {(name, t.id): t for name, ts in current.items() for t in ts}
     graders = {b.name: b.make_grader() for b in benchmarks}
     kinds = {b.name: b.kind for b in benchmarks}
-    for record in records:
+    for record in done.values():
         name = record["benchmark"]
         if name not in graders:
             graders[name] = get_benchmark(name).make_grader()
             kinds[name] = get_benchmark(name).kind
+        task = tasks.get((name, record["task_id"])) if int(record["sample"]) < n else None
+        if task is not None:  # checked above: generated for this very problem
+            record["gold"], record["checks"] = list(task.answers), list(task.checks)
+            record["task_digest"] = task_digest(task)
+        else:  # outside the report: its own gold (its digest is checked when it is resumed)
+            checks = tuple(record.get("checks", ()))
+            task = Task(record["task_id"], "", tuple(record["gold"]), kinds[name], checks=checks)
         if record["prediction"] is None:
             record["correct"] = False
             continue
-        checks = tuple(record.get("checks", ()))
-        task = Task(record["task_id"], "", tuple(record["gold"]), kinds[name], checks=checks)
         grade = graders[name](record["prediction"], task)
         record["correct"] = bool(grade.correct)
         record["reward"] = float(grade.reward)
         record["grade"] = {
             k: v for k, v in grade.details.items() if k not in ("prediction", "gold", "correct")
         }
+    records = list(done.values())
     tmp = out / (SAMPLES_FILE + ".tmp")
     tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
     os.replace(tmp, out / SAMPLES_FILE)
@@ -396,7 +401,7 @@ def rescore(out_dir: str | Path, *, ks: Sequence[int] | None = None) -> Report:
     results = {}
     for benchmark in benchmarks:
         by_task: dict[str, list[dict[str, Any]]] = {
-            task_id: [] for task_id in config["task_ids"][benchmark.name]
+            task_id: [] for task_id in task_ids[benchmark.name]
         }
         for record in records:
             if (

@@ -137,7 +137,7 @@ def test_resume_after_interruption_generates_only_what_is_missing(
     assert Report.from_dict(again) == Report.from_dict(full_data)
 
 
-def test_rescore_reproduces_the_report_and_uses_the_current_gold(full_run, tmp_path, capsys):
+def test_rescore_reproduces_the_report_and_grades_against_the_data(full_run, tmp_path, capsys):
     full_out, _, full_data = full_run
     for name in ("samples.jsonl", "eval_config.json"):
         shutil.copy(full_out / name, tmp_path / name)
@@ -146,24 +146,23 @@ def test_rescore_reproduces_the_report_and_uses_the_current_gold(full_run, tmp_p
     rescored = json.loads((tmp_path / "report.json").read_text())
     assert Report.from_dict(rescored) == Report.from_dict(full_data)
 
-    # Re-grading really grades: make a stored prediction the gold answer and it counts.
+    # The gold is the data's: a stored copy edited by hand is graded against the data's
+    # gold again (and restored), not taken for it.
     samples = read_samples(tmp_path / "samples.jsonl")
     wrong = [s for s in samples if s["prediction"] and s["prediction"].strip() and not s["correct"]]
     if not wrong:
         pytest.skip("the tiny agent answered every sample correctly")
-    # EM(x, x) is always 1; a short math answer is certainly equivalent to itself.
     target = min(wrong, key=lambda s: (s["benchmark"] != "hotpotqa", len(s["prediction"])))
+    gold = target["gold"]
     target["gold"] = [target["prediction"]]
     (tmp_path / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
-    report = rescore(tmp_path)
+    assert Report.from_dict(rescore(tmp_path).to_dict()) == Report.from_dict(full_data)
     key = (target["benchmark"], target["task_id"], target["sample"])
     after = {
         (s["benchmark"], s["task_id"], s["sample"]): s
         for s in read_samples(tmp_path / "samples.jsonl")
     }
-    assert after[key]["correct"] is True
-    before = Report.from_dict(full_data).benchmarks[target["benchmark"]].pass_at_k[1]
-    assert report.benchmarks[target["benchmark"]].pass_at_k[1] == pytest.approx(before + 1 / 4)
+    assert after[key]["correct"] is False and after[key]["gold"] == gold
 
 
 def test_baseline_is_evaluated_alongside_and_compared(tiny_agent_dir, data_dir, tmp_path, capsys):
@@ -228,6 +227,185 @@ def test_read_samples_skips_only_a_torn_last_line(tmp_path):
     path.write_text("{oops\n" + json.dumps(good) + "\n")
     with pytest.raises(ValueError, match="line 1 is not valid JSON"):
         read_samples(path)
+
+
+def test_task_digest_covers_what_the_agent_sees_and_what_grades_it():
+    from dataclasses import replace
+
+    from copes.envs.tasks.base import Passage, Task, task_digest
+    from copes.evaluation.samples import mismatch
+
+    task = Task("q-0", "Who wrote X?", ("Ann",), "qa", (Passage("X", "Ann wrote X."),))
+    digest = task_digest(task)
+    assert len(digest) == 64 and digest == task_digest(replace(task))  # sha256, stable
+    changes = {
+        "changed": [replace(task, question="Who wrote Y?"),
+                    replace(task, passages=(Passage("X", "Bob wrote X."),))],
+        "gold": [replace(task, answers=("Ann", "Ann Lee")), replace(task, checks=("x",))],
+    }  # fmt: skip
+    record = {"task_digest": digest, "gold": ["Ann"], "checks": []}
+    for why, tasks in changes.items():
+        for other in tasks:
+            assert task_digest(other) != digest
+            assert mismatch(record, other) == why
+    # Neither the id, the source nor the metadata (solutions, levels) define the problem.
+    assert task_digest(replace(task, id="q-9", source="s", metadata={"level": 3})) == digest
+    assert mismatch(record, task) is None
+    assert mismatch({"gold": ["Ann"]}, task) == "no-digest"
+
+
+def test_regenerate_changed_is_refused_where_nothing_is_generated_or_resumed(tmp_path, capsys):
+    for flag, named in (("--rescore", "--rescore"), ("--no-resume", "--no-resume")):
+        with pytest.raises(SystemExit) as exit_:
+            main(["--model", "m", flag, "--regenerate-changed", "--out", str(tmp_path)])
+        assert exit_.value.code == 2
+        assert (
+            f"--regenerate-changed re-generates stored samples on resume; drop it with {named}"
+            in (capsys.readouterr().err)
+        )
+
+
+def _replace_gsm8k(data_dir: Path, root: Path, edit) -> Path:
+    """A copy of `data_dir` whose gsm8k.jsonl has `edit(index, record)` applied to each."""
+    copy = root / "data"
+    shutil.copytree(data_dir, copy)
+    lines = [json.loads(line) for line in (copy / "gsm8k.jsonl").read_text().splitlines()]
+    (copy / "gsm8k.jsonl").write_text(
+        "".join(json.dumps(edit(i, r)) + "\n" for i, r in enumerate(lines))
+    )
+    return copy
+
+
+def _gsm8k_args(model, out, data_dir, *extra):
+    args = eval_args(model, out, data_dir, *extra)
+    args[args.index("--benchmarks") + 1] = "gsm8k"
+    return args
+
+
+def test_resume_refuses_samples_of_replaced_questions_and_regenerates_them_on_request(
+    full_run, tiny_agent_dir, data_dir, tmp_path, capsys
+):
+    """The data file is replaced by one whose first question differs under the same
+    index-based id (gsm8k-test-0): the stored verdicts are refused in one line naming the
+    benchmark, the id and the remedies, with nothing changed; --regenerate-changed rolls the
+    batch holding it out again (the batch of gsm8k-test-1's last sample is kept), giving
+    exactly the samples of a fresh evaluation of the new data."""
+    full_out, _, _ = full_run
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("samples.jsonl", "eval_config.json"):
+        shutil.copy(full_out / name, out / name)
+    new_data = _replace_gsm8k(
+        data_dir, tmp_path, lambda i, r: {**r, "question": "Now: " + r["question"]} if i == 0 else r
+    )
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    capsys.readouterr()
+    assert main(_gsm8k_args(tiny_agent_dir, out, new_data)) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert (
+        "gsm8k samples" in err
+        and "question or passages changed for 1 task(s): gsm8k-test-0." in err
+    )
+    assert "--regenerate-changed" in err and "--no-resume" in err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # a refusal writes nothing
+
+    assert main(_gsm8k_args(tiny_agent_dir, out, new_data, "--regenerate-changed")) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert BATCH == 3 and LIMIT * N == 4  # batches (test-0 x2, test-1 #0) and (test-1 #1)
+    assert report["generated_episodes"] == 3 and report["new_samples"] == 3
+    assert report["resumed_samples"] == 1
+    fresh = tmp_path / "fresh"
+    assert main(_gsm8k_args(tiny_agent_dir, fresh, new_data)) == 0
+
+    def gsm8k(path):
+        return {
+            (s["task_id"], s["sample"]): s for s in read_samples(path) if s["benchmark"] == "gsm8k"
+        }
+
+    assert gsm8k(out / "samples.jsonl") == gsm8k(fresh / "samples.jsonl")
+    fresh_report = json.loads((fresh / "report.json").read_text())
+    assert report["benchmarks"]["gsm8k"] == fresh_report["benchmarks"]["gsm8k"]
+    # The old samples stay in the file (append-only) but the newest record of a key wins:
+    # resuming again generates nothing and is not refused.
+    assert main(_gsm8k_args(tiny_agent_dir, out, new_data)) == 0
+    assert json.loads((out / "report.json").read_text())["generated_episodes"] == 0
+
+
+def test_samples_without_a_digest_are_refused_by_resume_and_rescore(
+    full_run, tiny_agent_dir, data_dir, tmp_path, capsys
+):
+    """Samples written before copes stored task digests cannot be checked against the data:
+    both resume and --rescore refuse them in one line saying how to go on."""
+    full_out, _, _ = full_run
+    samples = read_samples(full_out / "samples.jsonl")
+    for s in samples:
+        del s["task_digest"]
+    (tmp_path / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+    shutil.copy(full_out / "eval_config.json", tmp_path / "eval_config.json")
+    capsys.readouterr()
+    for args in (
+        ["--rescore", "--out", str(tmp_path)],
+        _gsm8k_args(tiny_agent_dir, tmp_path, data_dir),
+    ):
+        assert main(args) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "no task_digest" in err, err
+        assert "--regenerate-changed" in err and "--no-resume" in err
+
+
+def test_rescore_regrades_against_a_corrected_gold_and_refuses_a_changed_question(
+    full_run, data_dir, tmp_path
+):
+    """A gold fix in the data (the question unchanged) is what --rescore is for: the stored
+    predictions are re-graded against the new gold. A changed question is refused: the
+    prediction answers another problem."""
+    full_out, _, full_data = full_run
+    for name in ("samples.jsonl", "eval_config.json"):
+        shutil.copy(full_out / name, tmp_path / name)
+    samples = read_samples(tmp_path / "samples.jsonl")
+    wrong = [
+        s for s in samples
+        if s["benchmark"] == "gsm8k" and s["prediction"] and s["prediction"].strip().isdigit()
+        and not s["correct"]
+    ]  # fmt: skip
+    if not wrong:
+        pytest.skip("the tiny agent gave no wrong integer answer on gsm8k")
+    target = wrong[0]
+    index = int(target["task_id"].rsplit("-", 1)[1])
+
+    def gold_is_the_prediction(i, record):
+        if i == index:
+            return {**record, "answer": "#### " + target["prediction"].strip()}
+        return record
+
+    config = json.loads((tmp_path / "eval_config.json").read_text())
+    config["data_dir"] = str(_replace_gsm8k(data_dir, tmp_path / "gold", gold_is_the_prediction))
+    (tmp_path / "eval_config.json").write_text(json.dumps(config))
+    report = rescore(tmp_path)
+    after = {(s["task_id"], s["sample"]): s for s in read_samples(tmp_path / "samples.jsonl")
+             if s["benchmark"] == "gsm8k"}  # fmt: skip
+    assert after[(target["task_id"], target["sample"])]["correct"] is True
+    assert after[(target["task_id"], target["sample"])]["gold"] == [target["prediction"].strip()]
+    # Only the target task's verdicts move: answers equal to the new gold become correct,
+    # those correct under the old gold become wrong (each sample is 1/4 of pass@1).
+    same = [s for s in samples if (s["benchmark"], s["task_id"]) == ("gsm8k", target["task_id"])]
+    new_gold = target["prediction"].strip()
+    gained = sum(not s["correct"] and (s["prediction"] or "").strip() == new_gold for s in same)
+    lost = sum(s["correct"] for s in same)
+    before = Report.from_dict(full_data).benchmarks["gsm8k"].pass_at_k[1]
+    assert report.benchmarks["gsm8k"].pass_at_k[1] == pytest.approx(before + (gained - lost) / 4)
+    # Rescoring again is quiet and stable: the records now carry the new digest.
+    assert rescore(tmp_path) == report
+
+    config["data_dir"] = str(
+        _replace_gsm8k(
+            data_dir, tmp_path / "question", lambda i, r: {**r, "question": r["question"] + "?"}
+        )
+    )
+    (tmp_path / "eval_config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"cannot be re-graded.*question or passages changed"):
+        rescore(tmp_path)
 
 
 # ---------------------------------------------------------------------- report renderings

@@ -6,6 +6,8 @@ distractor setting, the pool of candidate passages the search tool may retrieve 
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -55,3 +57,22 @@ class Task:
             raise TypeError(
                 f"task {self.id!r}: checks must be a tuple of names, got {self.checks!r}"
             )
+
+
+def task_digest(task: Task) -> str:
+    """sha256 (hex) of what defines `task`: the question and passages the agent sees, the gold
+    answers, the answer checks and the kind that decide the verdict.
+
+    A stored sample keeps the digest of the task it was generated for, so a data file replaced
+    under the same task ids is detected (`copes.evaluation.samples`). `id`, `source` and
+    `metadata` (solutions, levels) do not define the problem and are left out.
+    """
+    canonical = {
+        "question": task.question,
+        "passages": [[p.title, p.text, p.id] for p in task.passages],
+        "answers": list(task.answers),
+        "checks": list(task.checks),
+        "kind": task.kind,
+    }
+    text = json.dumps(canonical, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
