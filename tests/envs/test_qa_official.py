@@ -1,6 +1,6 @@
 """Each QA rule reproduces its official script, and each QA benchmark's env grades by its rule.
 
-The official scores (`tests/fixtures/qa_official/qa_cases.json`, sources in SOURCES.md there)
+The official scores (`tests/fixtures/peer_graders/qa_cases.json`, sources in SOURCES.md there)
 were computed by the SQuAD v1.1, HotpotQA, 2WikiMultihopQA and MuSiQue scripts themselves.
 """
 
@@ -18,7 +18,7 @@ from copes.envs.tasks.base import Passage, Task
 from copes.registry import Benchmark, get_benchmark
 
 CASES = json.loads(
-    (Path(__file__).parents[1] / "fixtures/qa_official/qa_cases.json").read_text("utf-8")
+    (Path(__file__).parents[1] / "fixtures/peer_graders/qa_cases.json").read_text("utf-8")
 )
 FIXTURES = "tests/fixtures/benchmarks"
 # our rule name -> the key of that script's scores in qa_cases.json

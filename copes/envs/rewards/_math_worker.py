@@ -2,9 +2,11 @@
 
 sympy can hang on `(x+1)^{100000}`, `signal.alarm` only works on the main thread, and
 rollouts grade from thread pools, so the symbolic check runs in a worker process with a hard
-timeout. The worker is a fresh interpreter (`python -c`), never a fork of the caller, which
-may hold a CUDA context; it is not a `multiprocessing` spawn child either, because spawn
-re-imports the caller's `__main__` (a training script that imports torch) in the child.
+limit. The limit counts the worker's CPU time, not the caller's waiting, so that a verdict
+does not depend on how loaded the machine is (issue 25). The worker is a fresh interpreter
+(`python -c`), never a fork of the caller, which may hold a CUDA context; it is not a
+`multiprocessing` spawn child either, because spawn re-imports the caller's `__main__` (a
+training script that imports torch) in the child.
 
 The worker loads this file alone, by path, not the `copes` package, so it imports only sympy
 and math-verify: keep this module free of `copes` imports and of third-party imports at the
@@ -27,13 +29,15 @@ import time
 
 logger = logging.getLogger(__name__)
 
-_STARTUP_TIMEOUT_S = 60.0  # worker start (imports sympy + math-verify); not the per-pair budget
+_STARTUP_TIMEOUT_S = 120.0  # worker start (imports, warm-up), before any check's budget starts
+_MAX_POLL_S = 0.5  # longest wait between two reads of the worker's CPU clock
 _WORKER_MEMORY_BYTES = 2 << 30  # address-space cap: a runaway `10^{10^{10}}` can't eat the host
 
 
 @functools.lru_cache(maxsize=8192)
 def symbolic_verdict(pred: str, gold: str, timeout: float) -> bool:
-    """Whether two normalized answers are equal per math-verify; False on timeout or crash."""
+    """Whether two normalized answers are equal per math-verify within `timeout` CPU seconds;
+    False on timeout or crash."""
     # GRPO groups repeat answers; caching also keeps a repeated hanging answer from costing a
     # full timeout every time. Keyed on the timeout, so a longer budget gets a fresh try.
     return GRADER.check(pred, gold, timeout)
@@ -52,6 +56,13 @@ class SymbolicGrader:
     was written (a timeout, a crash, an exception or KeyboardInterrupt in the caller) the
     worker is killed, so a late reply can never be read as another request's verdict. The
     worker restarts lazily on the next request.
+
+    A check's `timeout` is CPU seconds of the worker, which the caller reads from outside
+    (/proc/PID/stat), so a bigint power that holds the worker's GIL is still cut off. The
+    worker also reports the CPU time it spent, and a reply over the budget counts as a
+    timeout too: the verdict never depends on when the caller happened to look. A wall-clock
+    backstop of max(60 s, 20 x timeout) ends a worker that stalls without computing. Starting
+    or restarting the worker happens before a check's budget starts and never counts.
     """
 
     def __init__(self) -> None:
@@ -59,7 +70,9 @@ class SymbolicGrader:
         self._proc: subprocess.Popen[bytes] | None = None
         self._owner_pid = os.getpid()
         self._buffer = b""
+        self._eof = False
         self._request_id = 0
+        self._wall_clock_only = False  # no /proc on this OS: the budget is wall-clock
 
     def _reset_after_fork(self) -> None:
         # A forked child must not share the parent's worker pipes (or inherit a held lock).
@@ -67,6 +80,16 @@ class SymbolicGrader:
         self._proc = None
         self._owner_pid = os.getpid()
         self._buffer = b""
+        self._eof = False
+
+    def start(self) -> None:
+        """Start the worker now if it is not running (a check otherwise starts it lazily)."""
+        with self._lock:
+            if self._owner_pid != os.getpid():
+                self._reset_after_fork()
+            if self._proc is None or self._proc.poll() is not None:
+                self._kill()
+                self._start()
 
     def _start(self) -> None:
         code = (
@@ -81,6 +104,7 @@ class SymbolicGrader:
             close_fds=True,
         )
         self._buffer = b""
+        self._eof = False
         reply = self._read_reply(_STARTUP_TIMEOUT_S)
         if not (isinstance(reply, dict) and reply.get("ready")):
             self._kill()
@@ -88,7 +112,24 @@ class SymbolicGrader:
                 f"math grader worker failed to start ({reply!r}); check that sympy and "
                 f"math-verify import in {sys.executable} (the worker's stderr is above)"
             )
+        from copes.envs._cpu_time import process_cpu_seconds
+
+        if process_cpu_seconds(self._proc.pid) is None and not self._wall_clock_only:
+            self._wall_clock_only = True
+            logger.warning(
+                "math grader: cannot read the worker's CPU time from /proc on this OS, so its "
+                "timeout counts wall-clock seconds and verdicts can depend on machine load"
+            )
         logger.debug("math grader worker started (pid %d)", self._proc.pid)
+
+    def _cpu_seconds(self) -> float | None:
+        """The worker's CPU clock (the caller's wall clock where /proc is missing)."""
+        from copes.envs._cpu_time import process_cpu_seconds
+
+        if self._wall_clock_only:
+            return time.monotonic()
+        assert self._proc is not None
+        return process_cpu_seconds(self._proc.pid)
 
     def _kill(self) -> None:
         proc, self._proc = self._proc, None
@@ -111,21 +152,46 @@ class SymbolicGrader:
                 return None
             chunk = os.read(fd, 1 << 16)
             if not chunk:
+                self._eof = True
                 return None
             self._buffer += chunk
         line, self._buffer = self._buffer.split(b"\n", 1)
         return json.loads(line)
 
-    def _reply_to(self, request_id: int, timeout: float) -> dict | None:
-        """The reply carrying `request_id` (earlier replies are dropped), or None."""
-        deadline = time.monotonic() + timeout
+    def _reply_to(
+        self, request_id: int, timeout: float, cpu_start: float | None
+    ) -> tuple[dict | None, str]:
+        """The reply carrying `request_id` (earlier replies are dropped), or (None, why not).
+
+        Waits until the worker has used `timeout` CPU seconds since `cpu_start`, or for the
+        wall-clock backstop.
+        """
+        from copes.envs._cpu_time import wall_backstop
+
+        backstop = wall_backstop(timeout)
+        started = time.monotonic()
         while True:
-            reply = self._read_reply(max(0.0, deadline - time.monotonic()))
-            if reply is None or reply.get("id") == request_id:
-                return reply
-            logger.warning("math grader: dropped a stale reply %r", reply)
+            cpu_now = self._cpu_seconds()
+            used = 0.0 if cpu_now is None or cpu_start is None else cpu_now - cpu_start
+            waited = time.monotonic() - started
+            if used > timeout:
+                return None, f"timed out after {timeout:g} s of CPU time"
+            if waited > backstop:
+                return None, f"stalled for {backstop:g} s of wall-clock time ({used:.1f} s CPU)"
+            # The worker is single-threaded: it cannot use more CPU than wall time passes, so
+            # waiting for the budget left never overshoots it.
+            wait = min(max(timeout - used, 0.01), backstop - waited, _MAX_POLL_S)
+            reply = self._read_reply(wait)
+            if reply is not None:
+                if reply.get("id") == request_id:
+                    return reply, ""
+                logger.warning("math grader: dropped a stale reply %r", reply)
+            elif self._eof:
+                return None, "worker crashed"
 
     def check(self, pred: str, gold: str, timeout: float) -> bool:
+        """Whether math-verify finds `pred` equal to `gold` within `timeout` CPU seconds of
+        the worker; False on timeout or crash (the worker then restarts on the next check)."""
         if not (isinstance(timeout, (int, float)) and 0 < timeout < float("inf")):
             raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
         with self._lock:
@@ -138,22 +204,34 @@ class SymbolicGrader:
             self._request_id += 1
             request_id = self._request_id
             request = json.dumps({"id": request_id, "pred": pred, "gold": gold}).encode()
+            cpu_start = self._cpu_seconds()  # after the start: warm-up never counts
             try:
                 self._proc.stdin.write(request + b"\n")
                 self._proc.stdin.flush()
-                reply = self._reply_to(request_id, timeout)
+                reply, failure = self._reply_to(request_id, timeout, cpu_start)
             except BrokenPipeError:
-                reply = None
+                reply, failure = None, "worker crashed"
             except BaseException:  # its reply may still come: never let it answer another
                 self._kill()
                 raise
             if reply is None:
-                crashed = self._proc.poll() is not None
                 self._kill()
                 logger.warning(
                     "math grader %s on pred=%.200r gold=%.200r; counted as not equivalent, "
                     "worker restarts on the next symbolic check",
-                    "worker crashed" if crashed else f"timed out after {timeout:.1f}s",
+                    failure,
+                    pred,
+                    gold,
+                )
+                return False
+            cpu_used = reply.get("cpu_s")
+            over_budget = isinstance(cpu_used, (int, float)) and cpu_used > timeout
+            if over_budget and not self._wall_clock_only:  # finished, but past the budget
+                logger.warning(
+                    "math grader timed out after %g s of CPU time (the reply came at %.2f s) "
+                    "on pred=%.200r gold=%.200r; counted as not equivalent",
+                    timeout,
+                    cpu_used,
                     pred,
                     gold,
                 )
@@ -197,6 +275,90 @@ def _watch_caller(worker_pid: int) -> None:
     os._exit(0)
 
 
+def _exact_decimals(latex: str) -> str:
+    """Each decimal literal as the fraction it writes (`1.5` -> `{\\frac{15}{10}}`), so that
+    sympy sees exact rationals: no Float reaches a comparison."""
+    import re
+
+    def as_fraction(m: re.Match) -> str:
+        digits = m.group(1).replace(",", "") + m.group(2)
+        return "{\\frac{" + digits + "}{1" + "0" * len(m.group(2)) + "}}"
+
+    return re.sub(r"(?<![\d.,])(\d{1,3}(?:,\d{3})+|\d+)\.(\d+)(?![\d.])", as_fraction, latex)
+
+
+def _exact_numeric_eq(a, b, float_rounding, numeric_precision) -> bool:
+    """Stands in for math-verify's `sympy_numeric_eq`, which rounds to `float_rounding` (6)
+    decimals and evaluates `a - b` with `chop=True`: that made `1/2^99` equal `1/2^98` and
+    `1/100!` equal `1/99!`. Here a number equals another only when their exact difference
+    reduces to 0 (`radsimp` denests the surds that `simplify` is slow on); anything else is
+    left to math-verify's symbolic check, `simplify(a - b).is_zero`."""
+    from sympy import MatrixBase, expand, radsimp
+
+    def is_zero(d) -> bool:
+        return d == 0 or (d.is_number and radsimp(expand(d)) == 0)
+
+    try:
+        diff = (a - b).doit()
+        if isinstance(diff, MatrixBase):
+            return all(is_zero(d) for d in diff)
+        return bool(is_zero(diff))
+    except Exception:  # sets, relations, mismatched shapes: not numbers
+        return False
+
+
+def _imaginary_unit(expr):
+    """MATH's free `i` is the imaginary unit; math-verify keeps it a symbol (`e^{i\\pi}` != -1)."""
+    from sympy import Basic, I
+
+    if not isinstance(expr, Basic):
+        return expr
+    return expr.xreplace({s: I for s in expr.free_symbols if getattr(s, "name", "") == "i"})
+
+
+def _parse(latex: str) -> list:
+    from math_verify import parse
+
+    # math-verify's own timeouts use signal.alarm; the parent enforces ours instead.
+    return [_imaginary_unit(e) for e in parse(f"\\boxed{{{latex}}}", parsing_timeout=None)]
+
+
+def _within_tolerance(pred: str, gold: str) -> bool:
+    """`gold` is `\\approx X \\pm T` (written by the caller, which decides when a tolerance
+    applies and how large): whether `pred` is a real number within T of X."""
+    from fractions import Fraction
+
+    from sympy import Basic, Rational
+
+    target, tolerance = (Fraction(part.strip()) for part in gold[len("\\approx ") :].split("\\pm"))
+    for expr in _parse(_exact_decimals(pred)):
+        if isinstance(expr, Basic) and expr.is_number:
+            value = expr.evalf(60)
+            if value.is_real:
+                error = abs(Rational(str(value)) - Rational(target.numerator, target.denominator))
+                return bool(error <= Rational(tolerance.numerator, tolerance.denominator))
+    return False
+
+
+def _symbolic_equal(pred: str, gold: str) -> bool:
+    """The symbolic verdict on two normalized answers (runs inside the worker only).
+
+    math-verify decides, with exact numbers: decimals become fractions, its rounding numeric
+    check is replaced by an exact one (`_exact_numeric_eq`) and a free `i` is the imaginary unit.
+    """
+    import math_verify.grader
+    from math_verify import verify
+
+    if gold.startswith("\\approx "):
+        return _within_tolerance(pred, gold)
+    math_verify.grader.sympy_numeric_eq = _exact_numeric_eq
+    gold_parsed = _parse(_exact_decimals(gold))
+    pred_parsed = _parse(_exact_decimals(pred))
+    if not gold_parsed or not pred_parsed:
+        return False
+    return bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))
+
+
 def _worker_main() -> None:
     """Worker loop: read {"pred", "gold"} lines, reply {"equal"} via math-verify/sympy."""
     worker_pid = os.getpid()
@@ -219,20 +381,12 @@ def _worker_main() -> None:
         pass
     for name in ("math_verify", "latex2sympy2_extended"):
         logging.getLogger(name).setLevel(logging.ERROR)  # its "timeout disabled" notice
-    from math_verify import parse, verify
-
-    def equal(pred: str, gold: str) -> bool:
-        # math-verify's own timeouts use signal.alarm; the parent enforces ours instead.
-        gold_parsed = parse(f"\\boxed{{{gold}}}", parsing_timeout=None)
-        pred_parsed = parse(f"\\boxed{{{pred}}}", parsing_timeout=None)
-        if not gold_parsed or not pred_parsed:
-            return False
-        return bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))
-
+    equal = _symbolic_equal
     equal("x^2+1", "1+x^2")  # warm sympy's caches before reporting ready
     reply_out.write(json.dumps({"ready": True}) + "\n")
     for line in sys.stdin:
         request = None
+        cpu_start = time.process_time()
         try:
             request = json.loads(line)
             reply = {"id": request.get("id"), "equal": equal(request["pred"], request["gold"])}
@@ -240,4 +394,5 @@ def _worker_main() -> None:
             reply = {"id": None, "equal": False, "error": f"{type(e).__name__}: {e}"[:500]}
             if isinstance(request, dict):
                 reply["id"] = request.get("id")
+        reply["cpu_s"] = time.process_time() - cpu_start  # the caller applies the budget
         reply_out.write(json.dumps(reply) + "\n")

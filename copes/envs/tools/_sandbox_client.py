@@ -5,6 +5,11 @@ with subprocess (fork+exec in C, safe in a process holding a torch model and thr
 shared by every `PythonTool` behind a lock, and restarted if it dies. `Session` is one
 episode's interpreter: two socket pairs handed to the server, one to the worker that runs
 the code and one to its supervisor, which kills the worker when we close our end.
+
+A call's limit counts the worker's CPU time: the worker interrupts itself (ITIMER_PROF), and
+`Session.run` reads its CPU clock from /proc to kill it when the interrupt does not land,
+with a wall-clock limit behind both for code that sleeps or blocks. Waiting for a core on a
+loaded machine therefore never turns into a timeout.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from copes.envs._cpu_time import process_cpu_seconds
 from copes.envs.tools._sandbox_wire import FrameError, recv_frame, send_frame
 
 logger = logging.getLogger(__name__)
@@ -32,6 +38,7 @@ SERVER_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
 SERVER_START_TIMEOUT = 120.0  # importing sympy on a loaded 2-core CI machine is slow
 SESSION_START_TIMEOUT = 30.0
 MAX_REPLY_BYTES = 8 * 2**20
+MAX_CPU_POLL_S = 0.25  # longest wait between two reads of the worker's CPU clock
 
 
 class SandboxError(RuntimeError):
@@ -39,7 +46,8 @@ class SandboxError(RuntimeError):
 
 
 class WorkerLost(RuntimeError):
-    """The session's worker is gone (killed, crashed or timed out); `reason` says why."""
+    """The session's worker is gone (killed, crashed or timed out); `reason` says why:
+    "hard-timeout" (over its CPU time), "wall-timeout", "cpu-limit" (RLIMIT_CPU) or text."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
@@ -69,6 +77,7 @@ class Session:
         self.limits = limits
         self.owner_pid = os.getpid()
         self.isolation: dict[str, Any] = {}
+        self.worker_pid: int | None = None  # in our pid namespace, as the supervisor saw it
 
     def wait_ready(self, deadline: float) -> None:
         try:
@@ -87,16 +96,57 @@ class Session:
             self.close()
             raise SandboxError(f"unexpected greeting from the session: {hello!r:.200}")
         self.isolation = dict(hello.get("isolation") or {})
+        try:  # sent before the worker was even started, so it is already here
+            news = recv_frame(self.supervisor, deadline, MAX_REPLY_BYTES)
+        except (TimeoutError, FrameError):
+            news = None
+        if not (isinstance(news, dict) and isinstance(news.get("worker_pid"), int)):
+            self.close()
+            raise SandboxError(f"the session's supervisor did not name its worker: {news!r:.200}")
+        self.worker_pid = news["worker_pid"]
+        if self._worker_cpu() is None:
+            logger.warning(
+                "cannot read the sandbox worker's CPU time (/proc/%d/stat): code that "
+                "swallows the CPU-time interrupt is only stopped by the wall-clock limit",
+                self.worker_pid,
+            )
 
-    def run(self, code: str, timeout: float, grace: float, max_chars: int) -> dict[str, Any]:
-        """Run `code`; raises WorkerLost when the worker dies or misses the hard deadline."""
-        deadline = time.monotonic() + timeout + grace
+    def run(
+        self, code: str, timeout: float, wall_timeout: float, grace: float, max_chars: int
+    ) -> dict[str, Any]:
+        """Run `code` with `timeout` CPU seconds and `wall_timeout` wall-clock seconds.
+
+        The worker interrupts the code at either limit; raises WorkerLost when the worker dies
+        or is still running `grace` seconds (CPU or wall) past one of them.
+        """
+        cpu_limit = timeout + grace
+        cpu_start = self._worker_cpu()
+
+        def watch() -> float:
+            cpu = self._worker_cpu()
+            used = 0.0 if cpu is None or cpu_start is None else cpu - cpu_start
+            if used >= cpu_limit:
+                raise WorkerLost("hard-timeout")
+            # Threads could use CPU faster than the wall clock runs: look at least every
+            # MAX_CPU_POLL_S; a single thread cannot overshoot the budget left before then.
+            return min(max(cpu_limit - used, 0.01), MAX_CPU_POLL_S)
+
+        deadline = time.monotonic() + wall_timeout + grace
+        request = {
+            "code": code,
+            "timeout": timeout,
+            "wall_timeout": wall_timeout,
+            "max_chars": max_chars,
+        }
         try:
-            send_frame(self.worker, {"code": code, "timeout": timeout, "max_chars": max_chars})
-            reply = recv_frame(self.worker, deadline, MAX_REPLY_BYTES)
+            send_frame(self.worker, request)
+            reply = recv_frame(self.worker, deadline, MAX_REPLY_BYTES, watch)
+        except WorkerLost:
+            self.close()
+            raise
         except TimeoutError:
             self.close()
-            raise WorkerLost("hard-timeout") from None
+            raise WorkerLost("wall-timeout") from None
         except (FrameError, OSError):
             reason = self._supervisor_news(time.monotonic() + 2.0)
             self.close()
@@ -110,10 +160,16 @@ class Session:
             raise WorkerLost("the session sent a malformed reply")
         return reply
 
+    def _worker_cpu(self) -> float | None:
+        """CPU seconds the worker has used (None if it cannot be read: it is gone)."""
+        return None if self.worker_pid is None else process_cpu_seconds(self.worker_pid)
+
     def _supervisor_news(self, deadline: float) -> str:
         """Why the worker went away, as the supervisor reports it."""
         try:
             news = recv_frame(self.supervisor, deadline, MAX_REPLY_BYTES)
+            if isinstance(news, dict) and "worker_pid" in news:  # not yet read by wait_ready
+                news = recv_frame(self.supervisor, deadline, MAX_REPLY_BYTES)
         except (TimeoutError, FrameError, OSError):
             return "the session stopped without a report"
         if not isinstance(news, dict):

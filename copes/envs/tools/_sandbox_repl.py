@@ -4,8 +4,10 @@ The worker receives code frames, runs each in one persistent globals dict (so va
 survive across calls of an episode), shows the value of a trailing expression like a
 notebook, and answers with the output text: stdout and stderr interleaved, the traceback
 cut to its useful last lines, everything bounded by the caller's character budget. A call
-that overruns its time is interrupted by SIGALRM, so the session normally survives it; the
-caller's hard deadline behind it covers code that cannot be interrupted.
+that overruns its CPU time is interrupted by SIGPROF (ITIMER_PROF: this process's CPU time,
+so waiting for a core on a loaded machine does not count), one that sleeps or blocks past
+the wall-clock limit by SIGALRM; the session normally survives either. The caller's hard
+limits behind them cover code that cannot be interrupted.
 """
 
 from __future__ import annotations
@@ -36,6 +38,10 @@ NO_OUTPUT = "(no output; print() what you want to see)"
 class ExecutionTimeout(BaseException):
     """Raised inside the sandboxed code when the call's time is up (not an Exception, so a
     plain `except Exception` in the code does not swallow it)."""
+
+
+TIMERS = {signal.SIGPROF: signal.ITIMER_PROF, signal.SIGALRM: signal.ITIMER_REAL}
+REFIRE_S = 0.005
 
 
 class OutputCapture(io.TextIOBase):
@@ -184,12 +190,15 @@ class Repl:
         self.cells = 0
         self.owner = os.getpid()
         self._reserve: bytearray | None = bytearray(2**20)  # freed to report a MemoryError
-        self._armed = False  # whether an alarm may interrupt (only while the code runs)
+        self._armed = False  # whether a timer may interrupt (only while the code runs)
+        self._expired: int | None = None  # the signal of the limit that ran out first
         os.register_at_fork(after_in_child=self._in_child)
 
-    def _on_alarm(self, signum: int, frame: Any) -> None:
-        if not self._armed:  # a late alarm, after the code finished: nothing to interrupt
+    def _on_timer(self, signum: int, frame: Any) -> None:
+        if not self._armed:  # a late timer, after the code finished: nothing to interrupt
             return
+        if self._expired is None:
+            self._expired = signum
         if self.kill_strays is not None and os.getpid() == self.owner:
             self.kill_strays(reap=False)
         raise ExecutionTimeout
@@ -204,8 +213,9 @@ class Repl:
             os.close(self.sock.detach())
         with contextlib.suppress(OSError):
             os.nice(10)
-        # An alarm the worker caught just before forking must not interrupt the child.
-        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        # A timer signal the worker caught just before forking must not interrupt the child.
+        for signum in TIMERS:
+            signal.signal(signum, signal.SIG_DFL)
         sys.stdout = sys.stderr = io.TextIOWrapper(
             io.FileIO(self.output_fd, "w", closefd=False), line_buffering=True
         )
@@ -219,15 +229,19 @@ class Repl:
             except (wire.FrameError, OSError):
                 return
             reply = self.run(
-                str(request["code"]), float(request["timeout"]), int(request["max_chars"])
+                str(request["code"]),
+                float(request["timeout"]),
+                float(request["wall_timeout"]),
+                int(request["max_chars"]),
             )
             wire.send_frame(self.sock, reply)
             if self._reserve is None:
                 with contextlib.suppress(MemoryError):
                     self._reserve = bytearray(2**20)
 
-    def run(self, code: str, timeout: float, max_chars: int) -> dict[str, Any]:
-        """Run one cell; returns {"output": text, "timed_out": bool}."""
+    def run(self, code: str, timeout: float, wall_timeout: float, max_chars: int) -> dict[str, Any]:
+        """Run one cell with `timeout` CPU seconds and `wall_timeout` wall-clock seconds;
+        returns {"output": text, "timed_out": bool}."""
         self.cells += 1
         filename = f"<cell-{self.cells}>"
         capture = OutputCapture(max_chars)
@@ -236,25 +250,38 @@ class Repl:
         sys.unraisablehook = _quiet_about_timeouts
         error = ""
         timed_out = False
-        signal.signal(signal.SIGALRM, self._on_alarm)
+        self._expired = None
+        for signum in TIMERS:
+            signal.signal(signum, self._on_timer)
         try:
-            # Re-fire every 50 ms: an exception raised inside an at-fork hook or a __del__
-            # is swallowed by the interpreter, so one alarm is not always enough.
+            # Re-fire every 5 ms once expired: an exception raised inside an at-fork hook or
+            # a __del__ is swallowed by the interpreter, so one signal is not always enough.
+            # (A fork loop spends most of its CPU time in fork() and its hooks: SIGPROF,
+            # which only ticks while the worker runs, lands there often.)
             self._armed = True
-            signal.setitimer(signal.ITIMER_REAL, timeout, 0.05)
+            signal.setitimer(signal.ITIMER_PROF, timeout, REFIRE_S)
+            signal.setitimer(signal.ITIMER_REAL, wall_timeout, REFIRE_S)
             try:
                 self._execute(code, filename, capture)
             finally:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-                self._armed = False
+                self._armed = False  # first: from here on a late signal interrupts nothing
+                for which in TIMERS.values():
+                    signal.setitimer(which, 0)
         except ExecutionTimeout as exc:
             timed_out = True
             line = _cell_line(exc, filename)
             where = f" at line {line}" if line else ""
-            error = (
-                f"Error: execution timed out after {timeout:g} s and was interrupted{where}; "
-                "variables assigned before that point are kept."
-            )
+            if self._expired == signal.SIGALRM:
+                error = (
+                    f"Error: execution was interrupted{where} after {wall_timeout:g} s of "
+                    f"wall-clock time (the limit for code that sleeps or waits; the {timeout:g} s "
+                    "limit counts CPU time); variables assigned before that point are kept."
+                )
+            else:
+                error = (
+                    f"Error: execution timed out after {timeout:g} s of CPU time and was "
+                    f"interrupted{where}; variables assigned before that point are kept."
+                )
         except SystemExit as exc:
             if exc.code not in (None, 0):
                 error = f"SystemExit: {exc.code}"

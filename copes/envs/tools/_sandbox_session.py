@@ -113,6 +113,9 @@ def supervise(spec: SessionSpec, worker_sock: socket.socket, status_sock: socket
             os._exit(1)
     os.close(alive_r)
     worker_sock.close()
+    # The caller's time limit reads the worker's CPU clock from /proc: it needs the pid as
+    # the caller's pid namespace (ours, not the worker's new one) names it.
+    try_send(status_sock, {"worker_pid": pid})
     iso.prctl(iso.PR_SET_CHILD_SUBREAPER, 1)
     killed_by_caller = _wait_worker(pid, status_sock)
     if not layers["pid"] and uid is None:

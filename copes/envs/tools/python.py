@@ -18,6 +18,7 @@ import os
 import threading
 from typing import TYPE_CHECKING, Any
 
+from copes.envs._cpu_time import wall_backstop
 from copes.envs.tools._sandbox_client import (
     SandboxError,
     Session,
@@ -45,14 +46,20 @@ class PythonTool:
     limits come back as text the model can read.
 
     Args:
-        timeout: wall-clock seconds per call. The code is interrupted then (its session and
-            variables survive); code that cannot be interrupted is killed a grace period
-            later (max(1 s, timeout / 5)) and the next call starts a fresh interpreter.
+        timeout: CPU seconds per call, of the interpreter process (all its threads, not the
+            processes it starts), so a loaded machine gives the same results: waiting for a
+            core does not count, nor does the session's start. The code is interrupted then
+            (its session and variables survive); code that cannot be interrupted is killed a
+            grace period later (max(1 s, timeout / 5) of CPU time) and the next call starts a
+            fresh interpreter.
+        wall_timeout: wall-clock seconds per call, the backstop for code that sleeps or
+            blocks without using CPU (`time.sleep(100)`, waiting on a subprocess); interrupted
+            and killed like `timeout`, with its own message. Default max(60 s, 20 x timeout).
         memory_mb: address-space limit of each sandbox process (RLIMIT_AS); a session's
             total is at most max_processes times this.
-        cpu_seconds: CPU seconds each sandbox process may use in total (RLIMIT_CPU), a
-            backstop for code that escapes the wall clock; a session that uses them up is
-            killed and the next call starts a fresh one.
+        cpu_seconds: CPU seconds each sandbox process may use in total over the session
+            (RLIMIT_CPU), a backstop across calls; a session that uses them up is killed and
+            the next call starts a fresh one.
         max_processes: processes and threads the session may run at once, the interpreter
             included (RLIMIT_NPROC); whatever the code starts is killed when the call ends.
         max_file_bytes: the largest file the code may write (RLIMIT_FSIZE).
@@ -66,6 +73,7 @@ class PythonTool:
     def __init__(
         self,
         timeout: float = 10.0,
+        wall_timeout: float | None = None,
         memory_mb: int = 1024,
         cpu_seconds: int = 60,
         max_processes: int = 16,
@@ -86,7 +94,15 @@ class PythonTool:
         ):
             if not value >= minimum:
                 raise ValueError(f"PythonTool({label}={value!r}): must be at least {minimum}")
+        if wall_timeout is None:
+            wall_timeout = wall_backstop(timeout)
+        if not wall_timeout >= timeout:
+            raise ValueError(
+                f"PythonTool(wall_timeout={wall_timeout!r}): must be at least timeout "
+                f"({timeout!r} CPU seconds), or None for max(60, 20 x timeout)"
+            )
         self.timeout = float(timeout)
+        self.wall_timeout = float(wall_timeout)
         self.max_output_chars = int(max_output_chars)
         self.limits = SessionLimits(
             memory_mb=int(memory_mb),
@@ -137,7 +153,9 @@ class PythonTool:
                 return f"Error: the Python sandbox could not start ({exc}); the code did not run."
             grace = max(1.0, self.timeout / 5)
             try:
-                reply = session.run(code, self.timeout, grace, self.max_output_chars)
+                reply = session.run(
+                    code, self.timeout, self.wall_timeout, grace, self.max_output_chars
+                )
             except WorkerLost as lost:
                 self._session = None
                 return self._lost_message(lost.reason)
@@ -181,8 +199,13 @@ class PythonTool:
     def _lost_message(self, reason: str) -> str:
         if reason == "hard-timeout":
             return (
-                f"Error: execution timed out after {self.timeout:g} s and could not be "
-                f"interrupted, so {RESTARTED}."
+                f"Error: execution timed out after {self.timeout:g} s of CPU time and could "
+                f"not be interrupted, so {RESTARTED}."
+            )
+        if reason == "wall-timeout":
+            return (
+                f"Error: execution ran past the {self.wall_timeout:g} s wall-clock limit (for "
+                f"code that sleeps or waits) and could not be interrupted, so {RESTARTED}."
             )
         if reason == "cpu-limit":
             return (
