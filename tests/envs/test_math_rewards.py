@@ -29,7 +29,8 @@ CASES = [
     (r"\tfrac{3}{4}", "0.75", True),
     (r"\frac12", r"\frac{1}{2}", True),
     (".5", r"\frac{1}{2}", True),
-    (r"\frac{1}{3}", "0.3333333", True),
+    (r"\frac{1}{3}", "0.3333333", False),  # exact: a 7-digit decimal is not 1/3 (issue 25)
+    (r"\frac{1}{3}", "0.3333333333333333", True),  # a float printout, to its last digit
     (r"\frac{1}{3}", "0.33", False),
     (r"\frac{1}{2}", r"\frac{1}{3}", False),
     ("1e-3", "0.001", True),
@@ -44,7 +45,8 @@ CASES = [
     (r"(-\infty, 3]", r"(-\infty,3]", True),
     (r"(-\infty, 3)", r"(-\infty, 3]", False),
     (r"\{2, 1\}", r"\{1,2\}", True),
-    ("2, 1", "1,2", True),
+    ("2, 1", "1,2", False),  # a bare list keeps its order, as MATH's is_equiv (issue 25)
+    ("2, 1", r"\{1,2\}", True),
     ("1, 2", "2", False),
     (r"\left(\frac{1}{2}, 3\right)", "(0.5, 3)", True),
     # units, degrees, percent, currency
@@ -146,7 +148,7 @@ def test_cheap_checks_never_reach_the_worker(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(grader._GRADER, "check", fail)
     grader._symbolic_verdict.cache_clear()
     pairs = [("0.5", r"\frac12", True), ("042", "42", True), ("17", "18", False)]
-    pairs += [("[1,2)", "[1,2]", False), ("(2,1)", "(1,2)", False), (r"\{1,2\}", "2,1", True)]
+    pairs += [("[1,2)", "[1,2]", False), ("(2,1)", "(1,2)", False), ("2,1", r"\{1,2\}", True)]
     pairs += [(r"\text{East}", "east", True), (r"\frac{1}{", "1", False), ("", "0", False)]
     for pred, gold, equal in pairs:
         assert is_equivalent(pred, gold) is equal
@@ -231,7 +233,9 @@ def test_hanging_expressions_time_out_and_grader_recovers(pred: str, gold: str) 
     timeout = 1.0
     start = time.monotonic()
     assert is_equivalent(pred, gold, timeout=timeout) is False
-    assert time.monotonic() - start < timeout + 2.0
+    # the budget is CPU seconds: on a loaded machine the wall clock runs longer, but far
+    # below the 60 s backstop when the CPU-time kill works
+    assert time.monotonic() - start < timeout + 20.0
     assert is_equivalent(r"\sqrt{12}", r"2\sqrt{3}")  # restarted worker answers again
 
 
@@ -240,7 +244,7 @@ def test_large_tower_returns_within_timeout() -> None:
     start = time.monotonic()
     assert is_equivalent(r"2^{2^{2^{2^{2}}}}", "65536", timeout=5.0) is False
     assert is_equivalent(r"2^{2^{2^{2}}}", "65536", timeout=5.0)
-    assert time.monotonic() - start < 10.0
+    assert time.monotonic() - start < 30.0  # 2 x 5 CPU seconds, with room for load
 
 
 def test_worker_crash_is_recovered() -> None:
@@ -348,7 +352,8 @@ def test_long_and_deep_answers_are_graded_within_a_bounded_time(caplog) -> None:
         env.reset(options={"task": task})
         start = time.perf_counter()
         _, reward, terminated, _, _ = env.step("<answer>" + "{" * 15_990 + "</answer>")
-        assert terminated and reward == 0.0 and time.perf_counter() - start < 5
+        # seconds, not minutes (quadratic normalization took 38 s); room for a loaded machine
+        assert terminated and reward == 0.0 and time.perf_counter() - start < 15
     finally:
         env.close()
     cases = [
@@ -361,5 +366,5 @@ def test_long_and_deep_answers_are_graded_within_a_bounded_time(caplog) -> None:
         for pred, gold, equal in cases:
             start = time.perf_counter()
             assert is_equivalent(pred, gold) is equal
-            assert time.perf_counter() - start < 5, len(pred)
+            assert time.perf_counter() - start < 15, len(pred)
     assert not [r for r in caplog.records if r.exc_info], "no traceback is logged"
