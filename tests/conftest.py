@@ -1,8 +1,9 @@
-"""Shared fixtures: the embedded tiny agent, built by the suite itself.
+"""Shared fixtures: the embedded tiny agent and the tiny models of real families.
 
-The agent is built once into pytest's cache folder (`.pytest_cache/copes`), so a fresh clone
-(CI) builds it from scratch and later local runs reuse it. `COPES_TEST_REBUILD=1` forces a
-fresh build.
+The tiny agent is the one that ships with copes (checked against its digest).
+`COPES_TEST_REBUILD=1` runs the suite on a fresh build of its recipe instead, made once into
+pytest's cache folder (`.pytest_cache/d/copes`); on another CPU that is another agent, so
+tests that pin numbers of the shipped agent may then fail.
 """
 
 import os

@@ -29,6 +29,10 @@ _DTYPES = {
     "bf16": torch.bfloat16,
     "float16": torch.float16,
     "fp16": torch.float16,
+    # CPU runs that must agree across machines: float64 results differ between CPU kernels
+    # only far below any greedy decision (tests/test_pinned_runs.py).
+    "float64": torch.float64,
+    "fp64": torch.float64,
 }
 
 

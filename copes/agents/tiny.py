@@ -14,7 +14,14 @@ work in minutes on a CPU. So copes builds its own small tool-using agent, determ
    format but is far from perfect;
 4. the result is saved as a normal Hugging Face folder, loadable by transformers and vLLM.
 
-`ensure_tiny_agent()` builds it once into a cache folder and reuses it afterwards.
+The agent ships with the package (`copes/agents/tiny_agent/`, 2.3 MB), made by this recipe
+once and pinned by digests: float32 training runs on each CPU's own kernels (MKL and ATen
+pick AVX2 or AVX-512 code, Intel and AMD differ), so the same recipe builds another agent on
+another machine (measured, seed 0: greedy math/QA 0.30/0.30 on an Intel Xeon, 0.11/0.23 on
+an AVX2 AMD EPYC, 0.28/0.00 on an AVX-512 one). `ensure_tiny_agent()` returns the shipped
+folder after checking its digest; a rebuild (`python -m copes.agents.tiny --rebuild`, or any
+non-default config) goes to the cache folder and says whether it reproduced the shipped
+weights.
 """
 
 from __future__ import annotations
@@ -57,7 +64,10 @@ CHAT_TEMPLATE = (
 class TinyAgentConfig:
     """Everything that determines the tiny agent; its hash names the cache folder."""
 
-    seed: int = 0
+    # The recipe's outcome is chaotic in float32 rounding: on one machine seeds 0, 1 and 2
+    # gave greedy math/QA 0.28/0.00, 0.42/0.09 and 0.41/0.23 (docs/results.md). The shipped
+    # agent is seed 2's, the first with a partial warm start on both kinds.
+    seed: int = 2
     vocab_size: int = 1024
     # Two layers of two 64-wide heads: the smallest shape that forms induction heads within
     # the build's budget (measured: 1.8M- and 2.1M-parameter shapes with 4 or 3 layers and
@@ -100,6 +110,78 @@ class TinyAgentConfig:
 def default_cache_dir() -> Path:
     """`$COPES_CACHE` or `~/.cache/copes`."""
     return Path(os.environ.get("COPES_CACHE", Path.home() / ".cache" / "copes"))
+
+
+# ---------------------------------------------------------------------- the shipped agent
+SHIPPED_DIR = Path(__file__).parent / "tiny_agent"
+# The agent's identity: every tensor's name and bytes (what a rebuild is compared with).
+SHIPPED_WEIGHTS_SHA256 = "777dc484acd0fd932d75f1ca74bb3b292c962c5241b3ae7e8311783d3524517b"
+# Every shipped file (weights, config, tokenizer, build report): a damaged copy is refused.
+SHIPPED_FILES_SHA256 = "0a6cdbb9f3ba96fcdfeb9569fbc13e3e4d1498cb0c2afbf1a27be59b19dfb924"
+
+
+def weights_digest(folder: str | Path) -> str:
+    """sha256 over the tensors of `folder/model.safetensors` (names sorted, raw bytes)."""
+    import hashlib
+
+    from safetensors.torch import load_file
+
+    state = load_file(str(Path(folder) / "model.safetensors"))
+    digest = hashlib.sha256()
+    for name in sorted(state):
+        digest.update(name.encode())
+        digest.update(state[name].contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def files_digest(folder: str | Path) -> str:
+    """sha256 over every file of `folder` (relative names sorted, contents)."""
+    import hashlib
+
+    root = Path(folder)
+    digest = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def shipped_tiny_agent() -> Path:
+    """The folder of the agent that ships with copes, checked against its recorded digest."""
+    if not (SHIPPED_DIR / "model.safetensors").is_file():
+        raise RuntimeError(
+            f"the tiny agent's files are missing from {SHIPPED_DIR}: reinstall copes (the "
+            "package data was not installed), or build one with `python -m copes.agents.tiny "
+            "--rebuild` and pass its folder as --model"
+        )
+    got = files_digest(SHIPPED_DIR)
+    if got != SHIPPED_FILES_SHA256:
+        raise RuntimeError(
+            f"the tiny agent's files in {SHIPPED_DIR} do not match their recorded digest "
+            f"(sha256 {got[:12]}..., expected {SHIPPED_FILES_SHA256[:12]}...): they were "
+            "changed or damaged; reinstall copes (git checkout copes/agents/tiny_agent in a "
+            "clone)"
+        )
+    return SHIPPED_DIR
+
+
+def machine_info() -> dict[str, str]:
+    """What the float32 arithmetic of a build or run depends on: torch, CPU, kernel set."""
+    import platform
+
+    cpu = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return {
+        "torch": torch.__version__,
+        "machine": platform.machine(),
+        "cpu": cpu,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+    }
 
 
 # ---------------------------------------------------------------------- transcripts
@@ -423,8 +505,9 @@ def build_tiny_agent(
 
     Runs on one CPU thread whatever the machine: the short SFT is chaotic in floating-point
     rounding, and another thread count gives another agent (measured: greedy math/QA 0.30 /
-    0.30 on one thread, 0.06 / 0.00 on two, same recipe), so one thread makes the build the
-    same on every machine with the same torch.
+    0.30 on one thread, 0.06 / 0.00 on two, same recipe). One thread makes the build
+    repeatable on one machine; another CPU's kernels still give another agent, which is why
+    the default one ships (`shipped_tiny_agent`).
     """
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -494,6 +577,8 @@ def _build_tiny_agent(
             "validation_accuracy_greedy_64": accuracy,
             "build_seconds": round(time.perf_counter() - start, 1),
             "torch": torch.__version__,
+            "built_on": machine_info(),
+            "weights_sha256": weights_digest(staging),
         }
         (staging / "copes_tiny.json").write_text(json.dumps(report, indent=2))
         if out_dir.exists():
@@ -511,39 +596,60 @@ def ensure_tiny_agent(
     rebuild: bool = False,
     progress: bool = True,
 ) -> Path:
-    """The tiny agent's folder, building it first if it is missing (or `rebuild`)."""
+    """The tiny agent's folder: the shipped one for the default recipe, else a build.
+
+    With a non-default `config`, or `rebuild`, the agent is built into `cache_dir` (default
+    `$COPES_CACHE` or `~/.cache/copes`) once and reused; a rebuild of the default recipe
+    logs whether its weights equal the shipped ones (on another CPU they usually do not).
+    """
     import fcntl
 
     config = config or TinyAgentConfig()
+    if config == TinyAgentConfig() and not rebuild:
+        return shipped_tiny_agent()
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     target = root / f"tiny-agent-{config.fingerprint()}"
     root.mkdir(parents=True, exist_ok=True)
     with open(root / ".tiny-agent.lock", "w") as lock:  # one builder at a time
         fcntl.flock(lock, fcntl.LOCK_EX)
         if rebuild or not (target / "copes_tiny.json").exists():
-            logger.info("building the tiny agent into %s (once; a few minutes)", target)
+            logger.info("building the tiny agent into %s (a few minutes)", target)
             build_tiny_agent(target, config, progress)
+    if config == TinyAgentConfig():
+        same = weights_digest(target) == SHIPPED_WEIGHTS_SHA256
+        logger.info(
+            "the rebuilt agent %s the shipped one%s",
+            "equals" if same else "differs from",
+            ""
+            if same
+            else " (float32 training differs between CPU kernels); `--model tiny` "
+            f"still means the shipped agent, pass --model {target} to use this build",
+        )
     return target
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Build (or locate) the embedded tiny agent.")
-    parser.add_argument("--cache-dir", default=None, help="default: $COPES_CACHE or ~/.cache/copes")
-    parser.add_argument("--rebuild", action="store_true", help="build again even if cached")
+    parser = argparse.ArgumentParser(
+        description="Locate the shipped tiny agent, or build it again with its recipe."
+    )
+    parser.add_argument(
+        "--cache-dir", default=None, help="where --rebuild writes (default: $COPES_CACHE or "
+        "~/.cache/copes)"
+    )  # fmt: skip
+    parser.add_argument(
+        "--rebuild", action="store_true",
+        help="build the agent on this machine (minutes) and compare it with the shipped one",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     path = ensure_tiny_agent(args.cache_dir, rebuild=args.rebuild)
     report = json.loads((path / "copes_tiny.json").read_text())
     print(path)
-    print(
-        json.dumps(
-            {
-                k: report[k]
-                for k in ("parameters", "validation_accuracy_greedy_64", "build_seconds")
-            },
-            indent=2,
-        )
-    )
+    keys = ("parameters", "validation_accuracy_greedy_64", "build_seconds", "built_on")
+    summary = {k: report[k] for k in keys if k in report}
+    if args.rebuild:
+        summary["equals_shipped_weights"] = weights_digest(path) == SHIPPED_WEIGHTS_SHA256
+    print(json.dumps(summary, indent=2))
 
 
 if __name__ == "__main__":
