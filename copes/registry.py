@@ -21,7 +21,7 @@ import functools
 import importlib
 import inspect
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -167,16 +167,17 @@ class Benchmark:
         except gym.error.Error as exc:
             raise ValueError(f"benchmark {self.name!r}: env {self.env_id!r}: {exc}") from None
 
-    def make_grader(self) -> Any:
-        """The grader the benchmark's env grades with (answer checks included), for
-        re-grading stored predictions."""
+    def make_grader(self, tasks: Sequence[Task] = ()) -> Any:
+        """The grader the benchmark's env grades `tasks` with (answer checks included, the QA
+        rule of the tasks' source, as evaluation builds it), for re-grading stored predictions.
+        Without tasks, a placeholder task of this benchmark stands in."""
         from copes.envs.tasks.base import Passage
 
         passage = (Passage("placeholder", "a passage, for envs that search each task's pool"),)
         placeholder = Task(  # its source picks the benchmark's QA rule (`tool_qa_env`)
             "placeholder", "?", ("0",), self.kind, passages=passage, source=self.name
         )
-        env = self.make_env([placeholder])
+        env = self.make_env(list(tasks) or [placeholder])
         try:
             return env.unwrapped.grader
         finally:

@@ -370,7 +370,7 @@ def rescore(out_dir: str | Path, *, ks: Sequence[int] | None = None) -> Report:
                 benchmark.name, describe(stale),
             )  # fmt: skip
     tasks = {(name, t.id): t for name, ts in current.items() for t in ts}
-    graders = {b.name: b.make_grader() for b in benchmarks}
+    graders = {b.name: b.make_grader(current[b.name]) for b in benchmarks}
     kinds = {b.name: b.kind for b in benchmarks}
     for record in done.values():
         name = record["benchmark"]

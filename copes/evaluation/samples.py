@@ -103,16 +103,18 @@ def mismatch(record: Mapping[str, Any], task: Task, digest: str | None = None) -
 def stale_tasks(
     done: Mapping[SampleKey, Mapping[str, Any]], benchmark: str, tasks: Sequence[Task], n: int
 ) -> dict[str, Mismatch]:
-    """task id -> why, for each task whose stored samples 0..n-1 do not all fit it."""
+    """task id -> why, for each task whose stored samples 0..n-1 do not all fit it: the worst
+    reason over its samples ("changed" over "no-digest" over "gold"), so one sample that only
+    saw a gold change never hides another that answered a different question."""
+    severity = {"gold": 0, "no-digest": 1, "changed": 2}
     stale: dict[str, Mismatch] = {}
     for task in tasks:
         digest = task_digest(task)
         for s in range(n):
             record = done.get((benchmark, task.id, s))
             why = None if record is None else mismatch(record, task, digest)
-            if why is not None:
+            if why is not None and severity[why] > severity.get(stale.get(task.id, ""), -1):
                 stale[task.id] = why
-                break
     return stale
 
 
@@ -182,7 +184,7 @@ def current_tasks(benchmark: Benchmark, task_ids: list[str], config: dict[str, A
         raise ValueError(
             f"the current {benchmark.name} data has no task {', '.join(missing[:4])}"
             f"{f' and {len(missing) - 4} more' if len(missing) > 4 else ''} of the stored "
-            "evaluation: it changed since; evaluate it again (copes-eval --model MODEL with "
-            "the same --out and --regenerate-changed, or --no-resume)"
+            "evaluation: it changed since; evaluate the current data instead (copes-eval "
+            "--model MODEL with the same --out resumes what still fits, or --no-resume)"
         )
     return [by_id[task_id] for task_id in task_ids]

@@ -248,8 +248,11 @@ def test_task_digest_covers_what_the_agent_sees_and_what_grades_it():
         for other in tasks:
             assert task_digest(other) != digest
             assert mismatch(record, other) == why
-    # Neither the id, the source nor the metadata (solutions, levels) define the problem.
-    assert task_digest(replace(task, id="q-9", source="s", metadata={"level": 3})) == digest
+    # The id does not define the problem; the source (the QA rule) and the metadata (a
+    # reasoning-gym task is graded from it) do.
+    assert task_digest(replace(task, id="q-9")) == digest
+    for other in (replace(task, source="hotpotqa"), replace(task, metadata={"level": 3})):
+        assert mismatch(record, other) == "changed"
     assert mismatch(record, task) is None
     assert mismatch({"gold": ["Ann"]}, task) == "no-digest"
 

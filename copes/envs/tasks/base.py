@@ -60,12 +60,13 @@ class Task:
 
 
 def task_digest(task: Task) -> str:
-    """sha256 (hex) of what defines `task`: the question and passages the agent sees, the gold
-    answers, the answer checks and the kind that decide the verdict.
+    """sha256 (hex) of what defines `task`: the question and passages the agent sees, and
+    everything that decides its verdict: gold answers, answer checks, kind, `source` (it picks
+    the QA rule) and `metadata` (a reasoning-gym task is graded from it).
 
     A stored sample keeps the digest of the task it was generated for, so a data file replaced
-    under the same task ids is detected (`copes.evaluation.samples`). `id`, `source` and
-    `metadata` (solutions, levels) do not define the problem and are left out.
+    under the same task ids is detected (`copes.evaluation.samples`). Only `id` is left out.
+    Values JSON cannot hold are written as `str` (a numpy scalar as its number).
     """
     canonical = {
         "question": task.question,
@@ -73,6 +74,10 @@ def task_digest(task: Task) -> str:
         "answers": list(task.answers),
         "checks": list(task.checks),
         "kind": task.kind,
+        "source": task.source,
+        "metadata": task.metadata,
     }
-    text = json.dumps(canonical, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    text = json.dumps(
+        canonical, ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str
+    )
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
