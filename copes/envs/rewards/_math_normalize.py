@@ -2,16 +2,17 @@
 
 Rules follow the MATH reference `is_equiv`/`_strip_string` (Hendrycks et al. 2021, "Measuring
 Mathematical Problem Solving With the MATH Dataset"), written afresh, plus a few extras:
-thousands separators, magnitude words, `\\text{...}` unwrapping. `prepare` removes notation
-(delimiters, spacing, units, degree signs, `%`); the grader then decides whether `x = 3`
-reads as `3` (it depends on the other answer), and `finish` canonicalizes what is left.
+thousands separators, scale words as factors (`5\\text{ dozen}` = 60), `\\text{...}`
+unwrapping. `prepare` removes notation (delimiters, spacing, units, degree signs, `%`); the
+grader then decides whether `x = 3` reads as `3` (it depends on the other answer), and
+`finish` canonicalizes what is left.
 """
 
 from __future__ import annotations
 
 import re
 import unicodedata
-from decimal import Decimal
+from fractions import Fraction
 
 from copes.envs.parsing import last_boxed
 
@@ -24,32 +25,67 @@ _DEGREES = re.compile(
 )
 _MATH_DELIMITERS = re.compile(r"\\\$|\$|\\[()\[\]]")
 _TEXT_CMD = r"\\(?:text|textrm|textbf|textit|mbox|mathrm)\s*"
-_MAGNITUDE_WORD = r"(?<![A-Za-z])(hundred|thousand|million|billion|trillion)s?(?![A-Za-z])"
-_MAGNITUDES = {"hundred": 2, "thousand": 3, "million": 6, "billion": 9, "trillion": 12}
-# `2\text{ million}`, `1.5 billion dollars`: a number times a power of ten (short scale),
-# whatever unit follows.
+# Words that scale the number before them: factors, never units (`5\text{ dozen}` is 60,
+# `5\text{ hundredths}` is 0.05). Only words with one reading; `k` only inside `\text{}`,
+# since a bare `3k` is 3 times the variable k.
+_SCALES = {
+    "hundred": Fraction(10**2),
+    "thousand": Fraction(10**3),
+    "million": Fraction(10**6),
+    "billion": Fraction(10**9),
+    "trillion": Fraction(10**12),
+    "dozen": Fraction(12),
+    "half": Fraction(1, 2),
+    "halve": Fraction(1, 2),  # `halves`
+    "third": Fraction(1, 3),
+    "quarter": Fraction(1, 4),
+    "fourth": Fraction(1, 4),
+    "fifth": Fraction(1, 5),
+    "tenth": Fraction(1, 10),
+    "hundredth": Fraction(1, 10**2),
+    "thousandth": Fraction(1, 10**3),
+    "millionth": Fraction(1, 10**6),
+    "billionth": Fraction(1, 10**9),
+}
+_SCALE_WORD = (
+    r"(?<![A-Za-z])(" + "|".join(sorted(_SCALES, key=len, reverse=True)) + r")s?(?![A-Za-z])"
+)
+# `2\text{ million}`, `1.5 billion dollars`, `3\text{k}`: a number times its scale (short
+# scale), whatever unit follows.
 _MAGNITUDE = re.compile(
-    r"^([+-]?\d+(?:,\d{3})*(?:\.\d+)?)\s*(?:"
+    r"^([+-]?\d+(?:,\d{3})*(?:\.\d+)?)\s*(?:(?:"
     + _TEXT_CMD
     + r"\{\s*)?"
-    + _MAGNITUDE_WORD
-    + r"(?:[\sA-Za-z.{}]|"
+    + _SCALE_WORD
+    + r"|"
+    + _TEXT_CMD
+    + r"\{\s*(k|K)\s*\})(?:[\sA-Za-z.{}]|"
     + _TEXT_CMD
     + r")*$",
     re.IGNORECASE,
 )
 # A trailing unit: `5 \text{ cm}`, `5\mbox{ inches}^2`; letters, spaces and dots only, and
-# never a magnitude word (`\text{ million}` is a factor, not a unit).
+# never a scale word (`\text{ million}`, `\text{ dozen}`, `\text{k}` scale the number).
 _TRAILING_UNIT = re.compile(
     _TEXT_CMD
     + r"\{(?![^{}]*"
-    + _MAGNITUDE_WORD
-    + r")\s*[A-Za-z][A-Za-z .]*\}\s*(?:\^\s*\{?\d\}?)?\s*$",
+    + _SCALE_WORD
+    + r")(?!\s*[kK]\s*\})\s*[A-Za-z][A-Za-z .]*\}\s*(?:\^\s*\{?\d\}?)?\s*$",
     re.IGNORECASE,
 )
 _TEXT_WRAP = re.compile(_TEXT_CMD + r"\{([^{}]*)\}")
-_ASSIGN_LHS = re.compile(r"^\s*(?:[A-Za-z]|\\[A-Za-z]+)(?:_\{?[A-Za-z0-9]+\}?)?\s*$")
-_RELATION = re.compile(r"[<>≤≥≠]|\\(?:le|ge|leq|geq|neq|ne|lt|gt)(?![A-Za-z])")
+_VARIABLE = r"\s*(?:[A-Za-z]|\\[A-Za-z]+)(?:_\{?[A-Za-z0-9]+\}?)?\s*"
+# What an assignment assigns: one variable (`x`, `a_1`, `\alpha`) or a tuple of them (`(p, q)`).
+_ASSIGN_LHS = re.compile(rf"^(?:{_VARIABLE}|\s*\({_VARIABLE}(?:,{_VARIABLE})+\)\s*)$")
+# Every relation and relation-like hedge (`\sim 5`, `\gg 5` are claims about a value, not the
+# value). The one spelling both the assignment rule and the grader use.
+RELATION = re.compile(
+    r"!=|=|<|>|≤|≥|≠|≈|∼|≪|≫|∝|≡|≅"
+    r"|\\(?:le|ge|leq|geq|neq|ne|lt|gt|leqq|geqq|leqslant|geqslant|nless|ngtr|nleq|ngeq"
+    r"|sim|simeq|approx|thickapprox|thicksim|cong|equiv|propto|ll|gg|lll|ggg"
+    r"|lesssim|gtrsim|lessapprox|gtrapprox|prec|succ|preceq|succeq"
+    r"|in|notin|ni|subset|subseteq|supset|supseteq)(?![A-Za-z])|∈|∉|⊂|⊆"
+)
 _FRAC_SQRT = re.compile(r"\\(frac|sqrt)(?![a-zA-Z])")
 _BARE_DECIMAL = re.compile(r"(?<![\d.])\.(\d)")
 _ANY_DIGIT = re.compile(r"\d")  # Unicode decimal digits of every script
@@ -143,12 +179,26 @@ def _ascii_digits(s: str) -> str:
 
 
 def _apply_magnitude(s: str) -> str:
-    """`3\\text{ thousand}` -> `3000`, exactly (`1.5 million` -> `1500000`)."""
+    """`3\\text{ thousand}` -> `3000`, `5\\text{ dozen}` -> `60`, exactly (`1.5 million` ->
+    `1500000`, `2\\text{ thirds}` -> `\\frac{2}{3}`)."""
     m = _MAGNITUDE.match(s)
     if m is None:
         return s
-    value = Decimal(m.group(1).replace(",", "")).scaleb(_MAGNITUDES[m.group(2).lower()])
-    return format(value, "f")
+    word = (m.group(2) or "thousand").lower()  # group 3 is `\text{k}`
+    value = Fraction(m.group(1).replace(",", "")) * _SCALES[word]
+    if value.denominator == 1:
+        return str(value.numerator)
+    den, twos, fives = value.denominator, 0, 0
+    while den % 2 == 0:
+        den, twos = den // 2, twos + 1
+    while den % 5 == 0:
+        den, fives = den // 5, fives + 1
+    if den != 1:  # not a terminating decimal
+        return f"\\frac{{{value.numerator}}}{{{value.denominator}}}"
+    places = max(twos, fives)
+    digits = str(abs(value.numerator) * 10**places // value.denominator).rjust(places + 1, "0")
+    sign = "-" if value < 0 else ""
+    return f"{sign}{digits[:-places]}.{digits[-places:]}"
 
 
 def has_percent(s: str) -> bool:
@@ -184,14 +234,53 @@ def prepare(s: str) -> str:
     return s.replace("{,}", ",").strip().rstrip(".").strip()
 
 
+def _outside_braces(s: str) -> str:
+    """`s` with every `{...}` group's content blanked (same length), so that a search sees only
+    the top level: the `=` of `\\sum_{i=1}` or `\\lim_{x=0}` is not a relation of the answer.
+    Escaped set braces `\\{ \\}` are not groups."""
+    out, depth = list(s), 0
+    for i, ch in enumerate(s):
+        if i and s[i - 1] == "\\":
+            continue
+        if ch == "{":
+            depth += 1
+        elif ch == "}" and depth:
+            depth -= 1
+            if depth == 0:
+                continue
+        if depth:
+            out[i] = " "
+    return "".join(out)
+
+
+def relations(s: str) -> list[str]:
+    """The relations at the top level of an answer (`2x = 6`: `=`; `0 < x \\le 1`: `<`, `\\le`)."""
+    return RELATION.findall(_outside_braces(s))
+
+
+def has_relation(s: str) -> bool:
+    """Whether the answer is (or contains, at its top level) a relation: `2x = 6`, `\\le 5`."""
+    return RELATION.search(_outside_braces(s)) is not None
+
+
+def leading_relation(s: str) -> str | None:
+    """The relation an answer starts with (`\\le 5`, `!= 5`, `< 5`), else None."""
+    m = RELATION.match(s.strip())
+    return m.group(0) if m else None
+
+
 def split_assignment(s: str) -> tuple[str, str] | None:
-    """(variable, value) of a single-variable assignment `x = 3`; None for anything else."""
-    if s.count("=") != 1:
+    """(variable, value) of an assignment, the answer's one top-level relation: `x = 3`,
+    `(p, q) = (3, 2)`, or a membership `x \\in [1, 2]` (its variable is then `x\\in`, so that
+    it never reads as the same claim as `x = ...`); None for anything else."""
+    found = list(RELATION.finditer(_outside_braces(s)))
+    if len(found) != 1 or found[0].group(0) not in ("=", "\\in", "∈"):
         return None
-    lhs, rhs = s.split("=")
-    if not _ASSIGN_LHS.match(lhs) or not rhs.strip() or _RELATION.search(rhs):
+    lhs, rhs = s[: found[0].start()], s[found[0].end() :]
+    if not _ASSIGN_LHS.match(lhs) or not rhs.strip():
         return None
-    return re.sub(r"\s+", "", lhs), rhs.strip()
+    variable = re.sub(r"\s+", "", lhs) + ("\\in" if found[0].group(0) != "=" else "")
+    return variable, rhs.strip()
 
 
 def finish(s: str, keep_spaces: bool) -> str:

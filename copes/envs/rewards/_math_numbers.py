@@ -1,8 +1,7 @@
 """Exact values of plain numbers in math answers (issue 25: exact answers compare exactly).
 
-A decimal is the rational it writes; a repeating decimal (`0.1\\overline{6}`) is its exact
-fraction; a float printout (a decimal of 15 or more significant digits) also knows the unit
-of its last digit, the only tolerance the grader gives it.
+A decimal is the rational it writes, however many digits it has (`0.0833333333333333` is not
+1/12); a repeating decimal (`0.1\\overline{6}`) is its exact fraction.
 """
 
 from __future__ import annotations
@@ -11,23 +10,12 @@ import math
 import re
 from fractions import Fraction
 
-_FLOAT_DIGITS = 15  # significant digits from which a decimal reads as a float printout
 INTEGER = re.compile(r"^[+-]?\d+$")
 _DECIMAL = re.compile(r"^[+-]?(?:\d+\.\d*|\.\d+|\d+(?:\.\d*)?[eE][+-]?\d{1,3})$")
 _REPEATING = re.compile(r"^([+-]?)(\d*)\.(\d*)\\(?:overline|bar)\{(\d+)\}$")  # 0.1\overline{6}
-_INT_POWER = re.compile(r"^([+-]?)(\d+)\^\{?(\d{1,4})\}?$")  # 10^3, 2^{10}, -2^2 = -4
+_INT_POWER = re.compile(r"^([+-]?)(\d+)\^\{?(-?\d{1,4})\}?$")  # 10^3, 2^{10}, -2^2, 10^{-3}
 _FRAC_NUM = re.compile(r"^([+-]?)\\frac\{([+-]?\d+)\}\{([+-]?\d+)\}$")
 _MAX_DIGITS = 4000  # below CPython's int/str conversion limit (4300)
-_POINT_DECIMAL = re.compile(r"^[+-]?(\d*)\.(\d+)(?:[eE]([+-]?\d{1,3}))?$")
-
-
-def float_unit(s: str) -> Fraction | None:
-    """One unit of the last digit of a float printout (a decimal of >= 15 significant digits,
-    `0.0833333333333333`); None for anything else."""
-    m = _POINT_DECIMAL.match(s)
-    if m is None or len((m.group(1) + m.group(2)).lstrip("0")) < _FLOAT_DIGITS:
-        return None
-    return Fraction(10) ** (int(m.group(3) or 0) - len(m.group(2)))
 
 
 def canonical_int(s: str) -> str:
@@ -45,9 +33,11 @@ def to_number(s: str) -> Fraction | None:
         return Fraction(int(s))
     if m := _INT_POWER.match(s):  # an integer power, so `10^3` meets `1e3` and `1000`
         base, exponent = int(m.group(2)), int(m.group(3))
-        if base > 1 and exponent * math.log10(base) > _MAX_DIGITS:
+        if base > 1 and abs(exponent) * math.log10(base) > _MAX_DIGITS:
             return None
-        value = Fraction(base**exponent)
+        if base == 0 and exponent < 0:  # 0^{-1}: undefined
+            return None
+        value = Fraction(base) ** exponent
         return -value if m.group(1) == "-" else value
     if _DECIMAL.match(s):
         return Fraction(s)

@@ -277,12 +277,21 @@ def _watch_caller(worker_pid: int) -> None:
 
 def _exact_decimals(latex: str) -> str:
     """Each decimal literal as the fraction it writes (`1.5` -> `{\\frac{15}{10}}`), so that
-    sympy sees exact rationals: no Float reaches a comparison."""
+    sympy sees exact rationals: no Float reaches a comparison. Outside brackets `1,000.5` is one
+    number; inside brackets a comma separates elements, so `(1,234.5)` is the pair (1, 234.5)
+    on both sides, as the caller reads it."""
     import re
 
     def as_fraction(m: re.Match) -> str:
-        digits = m.group(1).replace(",", "") + m.group(2)
-        return "{\\frac{" + digits + "}{1" + "0" * len(m.group(2)) + "}}"
+        before = latex[: m.start()]
+        depth = sum(before.count(c) for c in "([") - sum(before.count(c) for c in ")]")
+        whole, decimals = m.group(1), m.group(2)
+        head = ""
+        if "," in whole and depth > 0:
+            head, whole = whole.rsplit(",", 1)
+            head += ","
+        digits = whole.replace(",", "") + decimals
+        return head + "{\\frac{" + digits + "}{1" + "0" * len(decimals) + "}}"
 
     return re.sub(r"(?<![\d.,])(\d{1,3}(?:,\d{3})+|\d+)\.(\d+)(?![\d.])", as_fraction, latex)
 

@@ -4,16 +4,14 @@ Cheap checks (normalized strings, exact numbers, element-wise structure, plain w
 the caller. Only what they cannot decide goes to math-verify/sympy, in the persistent worker
 process of `copes.envs.rewards._math_worker`, which enforces a hard per-pair timeout.
 
-Exactness (issue 25): exact values compare exactly, and a decimal is the rational it writes
-(`0.5` = `\\frac12`, `2.50` = `2.5`, `1234567.1` != `1234567.9`, `2.6667` != `\\frac83`). A
-tolerance applies only where one side is itself an approximation, and it is that side's own
-stated precision:
-- a gold marked approximate (`\\approx 2.67`): within half a unit of its last digit;
-- a float printout, a decimal of 15 or more significant digits (float64 holds 15.95; the
-  Python tool prints 15 to 17): within one unit of its last digit, so `0.0833333333333333`
-  meets `\\frac{1}{12}` and `4.123105625617661` meets `\\sqrt{17}`. A shorter decimal was
-  rounded by its writer, not by the machine, and stays exact: `0.3333` != `\\frac13`.
-A hedged prediction (`\\approx 5`, "about 5", "at least 5") never matches an unhedged gold.
+Exactness (issue 25): exact values compare exactly, and a decimal is the rational it writes,
+however many digits it has (`0.5` = `\\frac12`, `2.50` = `2.5`, `1234567.1` != `1234567.9`,
+`2.6667` != `\\frac83`, `0.0833333333333333` != `\\frac{1}{12}`, `4.123105625617661` !=
+`\\sqrt{17}`). A tolerance applies only where the gold is itself an approximation, marked
+`\\approx` (`\\approx 2.67`), and it is the gold's own stated precision: half a unit of its
+last digit. A hedged or bounded prediction (`\\approx 5`, "about 5", `\\le 5`, `\\sim 5`) never
+matches an unhedged gold, and an equation (`2x = 6`) never matches a plain value unless it
+assigns a single variable (`x = 3` reads as `3`).
 """
 
 from __future__ import annotations
@@ -26,11 +24,14 @@ from copes.envs.parsing import last_boxed
 from copes.envs.rewards._math_normalize import (
     finish,
     has_percent,
+    has_relation,
+    leading_relation,
     loose_digits,
     prepare,
+    relations,
     split_assignment,
 )
-from copes.envs.rewards._math_numbers import INTEGER, atom, canonical_int, float_unit, to_number
+from copes.envs.rewards._math_numbers import INTEGER, atom, canonical_int, to_number
 from copes.envs.rewards._math_worker import GRADER as _GRADER  # noqa: F401 (tests use it)
 from copes.envs.rewards._math_worker import SymbolicGrader as _SymbolicGrader  # noqa: F401
 from copes.envs.rewards._math_worker import symbolic_verdict as _symbolic_verdict
@@ -100,6 +101,23 @@ _BOUND = re.compile(
 )
 
 
+# A leading `~5` in the raw answer is "about 5" (prepare drops `~` as TeX's tie space).
+_TILDE_HEDGE = re.compile(r"^\s*(?:\$\s*)?~")
+# The relations a leading one may be, by meaning (`\leq 5` is `\le 5`, `!= 5` is `\ne 5`).
+_SAME_RELATION = {
+    "\\leq": "\\le",
+    "≤": "\\le",
+    "\\leqslant": "\\le",
+    "\\geq": "\\ge",
+    "≥": "\\ge",
+    "\\geqslant": "\\ge",
+    "\\neq": "\\ne",
+    "≠": "\\ne",
+    "!=": "\\ne",
+    "<": "\\lt",
+    ">": "\\gt",
+}
+
 _WORDS = re.compile(r"^[A-Za-z]+(?:[ '\-][A-Za-z]+)*$")
 
 
@@ -134,15 +152,16 @@ def _split_top_level(s: str) -> list[str] | None:
 
 def _structure(s: str) -> tuple[str, list[str]] | None:
     """(kind, elements) of a tuple, interval, set or bare comma list; None otherwise."""
+    kind, inner = "list", s
     if s.startswith("\\{") and s.endswith("\\}"):
         kind, inner = "set", s[2:-2]
     elif len(s) > 1 and s[0] in "([" and s[-1] in ")]":
         kind, inner = s[0] + s[-1], s[1:-1]
-    elif "," in s:
-        kind, inner = "list", s
-    else:
+    elif "," not in s:
         return None
     items = _split_top_level(inner)
+    if items is None and kind != "list":  # `(5,2),(7,2)`: a list of tuples, not one tuple
+        kind, items = "list", _split_top_level(s)
     if items is None or not 2 <= len(items) <= _MAX_ELEMENTS:
         return None
     return kind, [finish(item, keep_spaces=False) for item in items]
@@ -172,6 +191,8 @@ def _compare_structures(
     reference `is_equiv` does (`10, 4, -2` != `4, 10, -2`), unless every element names its
     variable (`a=1, b=2` = `b=2, a=1`). A gold set `\\{...\\}` compares as a set."""
     (p_kind, p_items), (g_kind, g_items) = p, g
+    if {p_kind, g_kind} & _ORDERED and "set" in (p_kind, g_kind):
+        return False  # a tuple or interval `(1, 2)` is not the set `\{1, 2\}`
     if p_kind in _ORDERED and g_kind in _ORDERED:
         if p_kind != g_kind:
             return False if all(atom(x) is not None for x in p_items + g_items) else None
@@ -198,10 +219,6 @@ def _compare_structures(
 # ---------------------------------------------------------------------------------------------
 # Pairwise comparison
 
-_RELATION = re.compile(
-    r"=|<|>|≤|≥|≠|\\(?:le|ge|leq|geq|neq|ne|lt|gt|leqslant|geqslant)(?![A-Za-z])"
-)
-
 
 def _drop_assignments(p: str, g: str) -> tuple[str, str]:
     """`x = 3` reads as `3` against a plain value, and both as values when both assign the
@@ -210,18 +227,29 @@ def _drop_assignments(p: str, g: str) -> tuple[str, str]:
     p_assign, g_assign = split_assignment(p), split_assignment(g)
     if p_assign and g_assign:
         return (p_assign[1], g_assign[1]) if p_assign[0] == g_assign[0] else (p, g)
-    if p_assign and not _RELATION.search(g):
+    if p_assign and not has_relation(g):
         return p_assign[1], g
-    if g_assign and not _RELATION.search(p):
+    if g_assign and not has_relation(p):
         return p, g_assign[1]
     return p, g
 
 
 def _compare(p: str, g: str, depth: int = 0) -> bool | None:
-    """Decide two normalized answers from strings, exact numbers and element-wise structure;
+    """Decide two prepared answers from strings, exact numbers and element-wise structure;
     None when only the symbolic check can."""
     p, g = _drop_assignments(p, g)
-    p, g = finish(p, keep_spaces=False), finish(g, keep_spaces=False)
+    return _decide(finish(p, keep_spaces=False), finish(g, keep_spaces=False), depth)
+
+
+def _plain_number(s: str):
+    """The value of a plain number, also in one pair of parentheses (`(1234.5)`); else None."""
+    if len(s) > 2 and s[0] == "(" and s[-1] == ")":
+        s = s[1:-1]
+    return atom(s)
+
+
+def _decide(p: str, g: str, depth: int) -> bool | None:
+    """`_compare` on answers whose assignments are dropped and that are finished."""
     if not p or not g:
         return False
     if p == g:
@@ -232,22 +260,18 @@ def _compare(p: str, g: str, depth: int = 0) -> bool | None:
         return canonical_int(p) == canonical_int(g)
     p_atom, g_atom = atom(p), atom(g)
     if p_atom is not None and g_atom is not None:
-        if p_atom == g_atom:
-            return True
-        units = [u for u in (float_unit(p), float_unit(g)) if u is not None]
-        if not units or isinstance(p_atom, str) or isinstance(g_atom, str):
-            return False
-        return abs(p_atom - g_atom) <= max(units)
+        return p_atom == g_atom  # exact values, no tolerance (issue 25)
     if depth >= 3:
         return None
     p_struct, g_struct = _structure(p), _structure(g)
     if p_struct is not None and g_struct is not None:
         return _compare_structures(p_struct, g_struct, depth)
-    # Several plain numbers against one (`1, 2` vs `2`) never match.
-    for struct, single in ((p_struct, g_atom), (g_struct, p_atom)):
+    # Several plain numbers against one (`1, 2` vs `2`, `(1,234.5)` vs `(1234.5)`: inside
+    # brackets a comma separates elements) never match.
+    for struct, other in ((p_struct, g), (g_struct, p)):
         if (
             struct is not None
-            and single is not None
+            and _plain_number(other) is not None
             and all(atom(x) is not None for x in struct[1])
         ):
             return False
@@ -265,36 +289,69 @@ def _braces_balanced(s: str) -> bool:
 
 def _percent_verdict(pred: str, gold: str, p: str, g: str) -> bool | None:
     """A `%` means /100 on the side that carries it only: gold `50\\%` takes `50` or `0.5`,
-    never `5000`; gold `50` never takes `0.5\\%`. None unless both sides are plain numbers."""
+    never `5000`; gold `50` never takes `0.5\\%`. A `%` on one side only of anything but plain
+    numbers is False; None when both sides carry it alike (the answers then compare as written)."""
     p_pct, g_pct = has_percent(pred), has_percent(gold)
-    p_num, g_num = to_number(p), to_number(g)
-    if p_pct == g_pct or p_num is None or g_num is None:
+    if p_pct == g_pct:
         return None
+    p_num, g_num = to_number(p), to_number(g)
+    if p_num is None or g_num is None:  # `\sqrt{2}\%`, `5\% x`: the `%` may not vanish
+        return False
     return p_num == g_num or (p_num / 100 if p_pct else g_num / 100) == (g_num if p_pct else p_num)
 
 
-def _cheap_verdict(pred: str, gold: str) -> bool | None:
-    """True/False when strings, numbers or words decide; None when symbolic work is needed."""
+_INEQUALITIES = {"<", ">", "≤", "≥", "\\le", "\\ge", "\\leq", "\\geq", "\\lt", "\\gt"}
+_INEQUALITIES |= {"\\leqslant", "\\geqslant"}
+
+
+def _inequalities_vs_interval(relation: str, other: str) -> bool:
+    """Whether `relation` is only inequalities and `other` (finished) an interval or a union."""
+    struct = _structure(other)
+    is_interval = "\\cup" in other or (struct is not None and struct[0] in _ORDERED)
+    return is_interval and set(relations(relation)) <= _INEQUALITIES
+
+
+def _cheap_verdict(pred: str, gold: str) -> tuple[bool | None, str, str]:
+    """(verdict, pred, gold): True/False when strings, numbers or words decide, None when symbolic
+    work is needed; with the two answers as the symbolic check gets them (prepared, spaced,
+    assignments dropped)."""
     p_prep, g_prep = prepare(pred), prepare(gold)
-    p, g = (finish(s, keep_spaces=False) for s in _drop_assignments(p_prep, g_prep))
+    p_lead, g_lead = leading_relation(p_prep), leading_relation(g_prep)
+    if p_lead or g_lead:  # `\le 5`, `\sim 5`, `!= 5` is a claim about a value, not the value
+        if p_lead is None or g_lead is None:
+            return False, p_prep, g_prep
+        if _SAME_RELATION.get(p_lead, p_lead) != _SAME_RELATION.get(g_lead, g_lead):
+            return False, p_prep, g_prep
+        p_prep, g_prep = p_prep[len(p_lead) :].strip(), g_prep[len(g_lead) :].strip()
+    p_drop, g_drop = _drop_assignments(p_prep, g_prep)
+    spaced = finish(p_drop, keep_spaces=True), finish(g_drop, keep_spaces=True)
+    p, g = finish(p_drop, keep_spaces=False), finish(g_drop, keep_spaces=False)
     if loose_digits(p_prep) or loose_digits(g_prep):  # `1 2` is neither `12` nor `12 3`
-        return finish(p_prep, keep_spaces=True) == finish(g_prep, keep_spaces=True)
-    if p and p == g:
-        return True
+        return finish(p_prep, True) == finish(g_prep, True), *spaced
     percent = _percent_verdict(pred, gold, p, g)
     if percent is not None:
-        return percent
-    verdict = _compare(p_prep, g_prep)
+        return percent, *spaced
+    if p and p == g:
+        return True, *spaced
+    # An equation is not a value (`2x = 6` vs `6`, `a + b = 10` vs `10`); a single-variable
+    # assignment was dropped above. Lists compare element by element instead, and an inequality
+    # chain may describe an interval (`0 < x < 1` vs `(0, 1)`): the symbolic check decides.
+    p_rel, g_rel = has_relation(p_drop), has_relation(g_drop)
+    if p_rel != g_rel and None in (_structure(p), _structure(g)):
+        rel, other = (p_drop, g) if p_rel else (g_drop, p)
+        if not _inequalities_vs_interval(rel, other):
+            return False, *spaced
+    verdict = _decide(p, g, 0)
     if verdict is not None:
-        return verdict
+        return verdict, *spaced
     p_words, g_words = finish(p_prep, True), finish(g_prep, True)
     # Plain words (`east`, `\text{Monday}`) compare case-insensitively; sympy would read them
     # as products of symbols (`east` == `seat`). Single letters stay symbolic: `x` is a variable.
     if _WORDS.match(p_words) and _WORDS.match(g_words) and max(len(p), len(g)) > 1:
-        return p_words.casefold().split() == g_words.casefold().split()
+        return p_words.casefold().split() == g_words.casefold().split(), *spaced
     if not (_braces_balanced(p) and _braces_balanced(g)):
-        return False
-    return None
+        return False, *spaced
+    return None, *spaced
 
 
 def _approx_verdict(pred: str, gold: str, timeout: float) -> bool:
@@ -304,44 +361,39 @@ def _approx_verdict(pred: str, gold: str, timeout: float) -> bool:
     if not (INTEGER.match(g) or re.fullmatch(r"[+-]?\d*\.\d+", g)):  # `\approx 2\pi`: exact
         return _exact_verdict(pred, gold, timeout)
     half_unit = Fraction(1, 2 * 10 ** len(g.split(".")[1]) if "." in g else 2)
-    p = normalize_math_answer(pred)
+    p_prep = prepare(pred)
+    assignment = split_assignment(p_prep)
+    if assignment is None and has_relation(p_prep):  # `\le 2.67`, `\sim 2.67`: not a value
+        return False
+    p_value = assignment[1] if assignment else p_prep
+    p = finish(p_value, keep_spaces=False)
     value = to_number(p)
     if value is not None:
         return abs(value - Fraction(g)) <= half_unit
     if not _braces_balanced(p) or len(pred) > _MAX_SYMBOLIC_CHARS:
         return False
-    spaced = finish(prepare(pred), keep_spaces=True)
+    spaced = finish(p_value, keep_spaces=True)
     return _symbolic_verdict(spaced, _tolerance_request(g, half_unit), timeout)
 
 
 def _exact_verdict(pred: str, gold: str, timeout: float) -> bool:
-    try:
-        verdict = _cheap_verdict(pred, gold)
-    except RecursionError:  # deeply nested \frac: malformed, and its traceback is noise
-        logger.debug("math grader: answer nested too deeply, not equivalent")
-        return False
+    verdict, p, g = _cheap_verdict(pred, gold)
     if verdict is not None:
         return verdict
     if max(len(pred), len(gold)) > _MAX_SYMBOLIC_CHARS:
         logger.debug("math grader: answer over %d chars, not equivalent", _MAX_SYMBOLIC_CHARS)
         return False
-    p, g = _drop_assignments(prepare(pred), prepare(gold))
-    p, g = finish(p, keep_spaces=True), finish(g, keep_spaces=True)
-    # A float printout against a closed form (`1.4142135623730951` vs `\sqrt{2}`).
-    for printout, other in ((p, g), (g, p)):
-        unit = float_unit(printout)
-        if unit is not None and atom(other.replace(" ", "")) is None:
-            return _symbolic_verdict(other, _tolerance_request(printout, unit), timeout)
     return _symbolic_verdict(p, g, timeout)
 
 
 def is_equivalent(pred: str, gold: str, timeout: float = 5.0) -> bool:
     """Whether `pred` equals `gold` mathematically; malformed input is False, never an error.
 
-    `timeout` bounds the symbolic check of this pair (waiting for the shared worker does not
-    count). A pair that runs out of time counts as not equivalent. Raises RuntimeError only
-    when the worker cannot start at all (sympy/math-verify missing): a broken install must
-    not silently grade every answer as wrong.
+    `timeout` is CPU seconds of the grader worker for the symbolic check of this pair (waiting
+    for the shared worker, or for a loaded machine, does not count). A pair that runs out of
+    time counts as not equivalent. Raises RuntimeError only when the worker cannot start at
+    all (sympy/math-verify missing): a broken install must not silently grade every answer as
+    wrong.
     """
     if not (isinstance(timeout, (int, float)) and 0 < timeout < float("inf")):
         raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
@@ -357,7 +409,7 @@ def is_equivalent(pred: str, gold: str, timeout: float = 5.0) -> bool:
             return False
         if _APPROX.search(gold):
             return _approx_verdict(pred, gold, timeout)
-        if _APPROX.search(pred):  # "\approx 5", "about 5" is not 5
+        if _APPROX.search(pred) or _TILDE_HEDGE.match(pred):  # "\approx 5", "~5" is not 5
             return False
         return _exact_verdict(pred, gold, timeout)
     except RecursionError:
