@@ -20,10 +20,10 @@ sys.path.insert(0, str(Path(__file__).parent))  # the helper module tests/famili
 def tiny_agent_dir(request) -> Path:
     from copes.agents.tiny import ensure_tiny_agent
 
+    if os.environ.get("COPES_TEST_REBUILD") != "1":
+        return ensure_tiny_agent()
     cache = Path(request.config.cache.mkdir("copes"))
-    return ensure_tiny_agent(
-        cache_dir=cache, rebuild=os.environ.get("COPES_TEST_REBUILD") == "1", progress=False
-    )
+    return ensure_tiny_agent(cache_dir=cache, rebuild=True, progress=False)
 
 
 @pytest.fixture(scope="session")
