@@ -8,7 +8,9 @@ Two ways in, tested against TRL 1.16 (docs/integrations.md):
   that is 1 only on the model's tokens (TRL trains on those alone), the sampling log-probs,
   and each episode's copes reward for `copes_reward`. An episode that ended with an answer
   ends on an eos token, so TRL does not count it as clipped; one that ran out of turns or
-  context does not, and is clipped (``mask_truncated_completions`` drops it).
+  context ends on whatever was last (a tool output, or the model's own eos after an invalid
+  last turn), so TRL counts it as clipped unless that was an eos
+  (``mask_truncated_completions`` drops the clipped ones).
 - `environment_factory(env)`: a class TRL instantiates per rollout, whose methods are the
   env's tools (the signatures and docstrings TRL turns into the same JSON schemas) plus
   ``answer``, which grades; TRL then generates and parses tool calls itself.

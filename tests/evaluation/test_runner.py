@@ -248,11 +248,10 @@ def test_task_digest_covers_what_the_agent_sees_and_what_grades_it():
         for other in tasks:
             assert task_digest(other) != digest
             assert mismatch(record, other) == why
-    # The id does not define the problem; the source (the QA rule) and the metadata (a
-    # reasoning-gym task is graded from it) do.
-    assert task_digest(replace(task, id="q-9")) == digest
-    for other in (replace(task, source="hotpotqa"), replace(task, metadata={"level": 3})):
-        assert mismatch(record, other) == "changed"
+    # The id and the metadata (solutions, levels) do not define the problem; the source (it
+    # picks the QA rule) does.
+    assert task_digest(replace(task, id="q-9", metadata={"level": 3})) == digest
+    assert mismatch(record, replace(task, source="hotpotqa")) == "changed"
     assert mismatch(record, task) is None
     assert mismatch({"gold": ["Ann"]}, task) == "no-digest"
 
@@ -367,35 +366,35 @@ def test_rescore_regrades_against_a_corrected_gold_and_refuses_a_changed_questio
     for name in ("samples.jsonl", "eval_config.json"):
         shutil.copy(full_out / name, tmp_path / name)
     samples = read_samples(tmp_path / "samples.jsonl")
-    wrong = [
-        s for s in samples
-        if s["benchmark"] == "gsm8k" and s["prediction"] and s["prediction"].strip().isdigit()
-        and not s["correct"]
-    ]  # fmt: skip
-    if not wrong:
-        pytest.skip("the tiny agent gave no wrong integer answer on gsm8k")
-    target = wrong[0]
+    # A wrong answer's gold becomes the answer (it turns correct), else a right integer
+    # answer's gold moves away (it turns wrong). GSM8K's loader drops commas: none in it.
+    answered = [s for s in samples if s["benchmark"] == "gsm8k" and s["prediction"]]
+    wrong = [s for s in answered if not s["correct"] and "," not in s["prediction"]]
+    right = [s for s in answered if s["correct"] and s["prediction"].strip().isdigit()]
+    assert wrong or right, "the tiny agent gave no usable answer on gsm8k: pick another fixture"
+    target = (wrong or right)[0]
+    prediction = target["prediction"].strip()
+    new_gold = prediction if wrong else str(int(prediction) + 1)
     index = int(target["task_id"].rsplit("-", 1)[1])
 
-    def gold_is_the_prediction(i, record):
-        if i == index:
-            return {**record, "answer": "#### " + target["prediction"].strip()}
-        return record
+    def corrected_gold(i, record):
+        return {**record, "answer": "#### " + new_gold} if i == index else record
 
     config = json.loads((tmp_path / "eval_config.json").read_text())
-    config["data_dir"] = str(_replace_gsm8k(data_dir, tmp_path / "gold", gold_is_the_prediction))
+    config["data_dir"] = str(_replace_gsm8k(data_dir, tmp_path / "gold", corrected_gold))
     (tmp_path / "eval_config.json").write_text(json.dumps(config))
     report = rescore(tmp_path)
     after = {(s["task_id"], s["sample"]): s for s in read_samples(tmp_path / "samples.jsonl")
              if s["benchmark"] == "gsm8k"}  # fmt: skip
-    assert after[(target["task_id"], target["sample"])]["correct"] is True
-    assert after[(target["task_id"], target["sample"])]["gold"] == [target["prediction"].strip()]
+    assert after[(target["task_id"], target["sample"])]["correct"] is (new_gold == prediction)
+    assert after[(target["task_id"], target["sample"])]["gold"] == [new_gold]
     # Only the target task's verdicts move: answers equal to the new gold become correct,
     # those correct under the old gold become wrong (each sample is 1/4 of pass@1).
     same = [s for s in samples if (s["benchmark"], s["task_id"]) == ("gsm8k", target["task_id"])]
-    new_gold = target["prediction"].strip()
-    gained = sum(not s["correct"] and (s["prediction"] or "").strip() == new_gold for s in same)
-    lost = sum(s["correct"] for s in same)
+    answered = [(s["correct"], (s["prediction"] or "").strip() == new_gold) for s in same]
+    gained = sum(not was and now for was, now in answered)
+    lost = sum(was and not now for was, now in answered)
+    assert gained + lost > 0  # the target's own verdict moved
     before = Report.from_dict(full_data).benchmarks["gsm8k"].pass_at_k[1]
     assert report.benchmarks["gsm8k"].pass_at_k[1] == pytest.approx(before + (gained - lost) / 4)
     # Rescoring again is quiet and stable: the records now carry the new digest.

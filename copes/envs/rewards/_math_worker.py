@@ -85,11 +85,15 @@ class SymbolicGrader:
     def start(self) -> None:
         """Start the worker now if it is not running (a check otherwise starts it lazily)."""
         with self._lock:
-            if self._owner_pid != os.getpid():
-                self._reset_after_fork()
-            if self._proc is None or self._proc.poll() is not None:
-                self._kill()
-                self._start()
+            self._ensure_running()
+
+    def _ensure_running(self) -> None:
+        """(Re)start the worker if this process has none alive; the caller holds the lock."""
+        if self._owner_pid != os.getpid():
+            self._reset_after_fork()
+        if self._proc is None or self._proc.poll() is not None:
+            self._kill()
+            self._start()
 
     def _start(self) -> None:
         code = (
@@ -195,11 +199,7 @@ class SymbolicGrader:
         if not (isinstance(timeout, (int, float)) and 0 < timeout < float("inf")):
             raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
         with self._lock:
-            if self._owner_pid != os.getpid():
-                self._reset_after_fork()
-            if self._proc is None or self._proc.poll() is not None:
-                self._kill()
-                self._start()
+            self._ensure_running()
             assert self._proc is not None and self._proc.stdin is not None
             self._request_id += 1
             request_id = self._request_id

@@ -61,12 +61,14 @@ class Task:
 
 def task_digest(task: Task) -> str:
     """sha256 (hex) of what defines `task`: the question and passages the agent sees, and
-    everything that decides its verdict: gold answers, answer checks, kind, `source` (it picks
-    the QA rule) and `metadata` (a reasoning-gym task is graded from it).
+    what decides its verdict: gold answers, answer checks, kind and `source` (it picks the QA
+    rule).
 
     A stored sample keeps the digest of the task it was generated for, so a data file replaced
-    under the same task ids is detected (`copes.evaluation.samples`). Only `id` is left out.
-    Values JSON cannot hold are written as `str` (a numpy scalar as its number).
+    under the same task ids is detected (`copes.evaluation.samples`). `id` and `metadata` are
+    left out: metadata holds descriptions (a GSM8K solution changes with every gold fix, which
+    must stay a gold-only change); a reasoning-gym task, graded from its metadata entry, has
+    its question generated from that entry.
     """
     canonical = {
         "question": task.question,
@@ -75,9 +77,6 @@ def task_digest(task: Task) -> str:
         "checks": list(task.checks),
         "kind": task.kind,
         "source": task.source,
-        "metadata": task.metadata,
     }
-    text = json.dumps(
-        canonical, ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str
-    )
+    text = json.dumps(canonical, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
