@@ -1,9 +1,9 @@
 """Shared fixtures: the embedded tiny agent and the tiny models of real families.
 
 The tiny agent is the one that ships with copes (checked against its digest).
-`COPES_TEST_REBUILD=1` runs the suite on a fresh build of its recipe instead, made once into
-pytest's cache folder (`.pytest_cache/d/copes`); on another CPU that is another agent, so
-tests that pin numbers of the shipped agent may then fail.
+`COPES_TEST_REBUILD=1` runs the suite on a fresh build of its recipe instead, made at the
+start of the session into pytest's cache folder (`.pytest_cache/d/copes`); on another CPU
+that is another agent, so tests that pin numbers of the shipped agent may then fail.
 """
 
 import os

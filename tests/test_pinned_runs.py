@@ -1,5 +1,6 @@
 """Short ES, CoPES, GRPO and LoRA-GRPO runs pinned to recorded checksums and metrics: the
-same seeds must give the same weights and metrics after any restructuring, on any x86 CPU.
+same seeds must give the same weights and metrics after any restructuring, on any x86 CPU
+with AVX2 (the kernel sets measured; see below).
 
 float32 results depend on the CPU's kernels (MKL and ATen pick AVX2 or AVX-512 code, Intel
 and AMD differ), so pins of float32 runs would hold on one machine only. These runs are
@@ -104,6 +105,10 @@ def test_the_pins_hold_under_other_cpu_kernels(tmp_path):
     if os.environ.get("COPES_RECORD_PINS") == "1":
         pytest.skip("recording pins")
     env = {**os.environ, **OTHER_KERNELS}
+    env.pop("COPES_TEST_REBUILD", None)  # the pins are the shipped agent's
+    probe = [sys.executable, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability())"]
+    capability = subprocess.run(probe, env=env, capture_output=True, text=True, check=True)
+    assert capability.stdout.strip() == "AVX2"  # the switch took: the child runs other kernels
     command = [sys.executable, "-m", "pytest", __file__, "-q", "-k", "the_same_seeds",
                "-p", "no:cacheprovider", "--basetemp", str(tmp_path / "runs")]  # fmt: skip
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)

@@ -43,7 +43,7 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 
 
 def resolve_model_path(name_or_path: str | Path) -> str:
-    """`tiny` -> the embedded agent's folder (built on first use); paths and hub ids as given."""
+    """`tiny` -> the shipped agent's folder (digest-checked); paths and hub ids as given."""
     if str(name_or_path) == "tiny":
         from copes.agents.tiny import ensure_tiny_agent
 

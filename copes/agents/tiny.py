@@ -641,6 +641,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="build the agent on this machine (minutes) and compare it with the shipped one",
     )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.cache_dir is not None and not args.rebuild:
+        parser.error("--cache-dir is where --rebuild writes; the shipped agent needs no cache")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     path = ensure_tiny_agent(args.cache_dir, rebuild=args.rebuild)
     report = json.loads((path / "copes_tiny.json").read_text())

@@ -104,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--dtype",
         default="auto",
-        help="float32, bfloat16, float16; auto = bf16 on GPU, fp32 on CPU",
+        help="float32, bfloat16, float16, float64; auto = bf16 on GPU, fp32 on CPU",
     )
     parser.add_argument(
         "--batch-episodes", type=int, default=64, help="episodes rolled out together"
