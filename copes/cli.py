@@ -132,12 +132,12 @@ def read_config_file(path: str) -> dict[str, Any]:
     return {str(k).replace("-", "_"): v for k, v in data.items()}
 
 
-def train_parser() -> tuple[argparse.ArgumentParser, list[str], list[str]]:
+def train_parser(prog: str = "copes-train") -> tuple[argparse.ArgumentParser, list[str], list[str]]:
     from copes.optimizers.table import OPTIMIZERS
     from copes.train import TrainConfig
 
     parser = argparse.ArgumentParser(
-        prog="copes-train",
+        prog=prog,
         description="Post-train a tool-using agent with ES, CoPES, GRPO or LoRA-GRPO.",
     )
     parser.add_argument("--config", help="YAML or TOML file of settings (flags override it)")
@@ -157,10 +157,12 @@ def train_parser() -> tuple[argparse.ArgumentParser, list[str], list[str]]:
     return parser, train_names, optimizer_names
 
 
-def parse_train_args(argv: Sequence[str] | None) -> tuple[Any, dict[str, Any], argparse.Namespace]:
+def parse_train_args(
+    argv: Sequence[str] | None, prog: str = "copes-train"
+) -> tuple[Any, dict[str, Any], argparse.Namespace]:
     from copes.train import TrainConfig
 
-    parser, train_names, optimizer_names = train_parser()
+    parser, train_names, optimizer_names = train_parser(prog)
     args = parser.parse_args(argv)
     settings = read_config_file(args.config) if args.config else {}
     unknown = set(settings) - set(train_names) - set(optimizer_names)
@@ -251,16 +253,17 @@ def dry_run(config: Any, optimizer_overrides: dict[str, Any]) -> dict[str, Any]:
     return plan
 
 
-def train_main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `copes-train`; returns the exit status (2 on a user error)."""
+def train_main(argv: Sequence[str] | None = None, prog: str = "copes-train") -> int:
+    """Entry point of `copes-train` (and `copes-serve`, which is copes-train with
+    ``--harness http`` by default); returns the exit status (2 on a user error)."""
     from copes.errors import run_command
 
     debug = "--debug" in (sys.argv[1:] if argv is None else argv)
-    return run_command("copes-train", lambda: _train(argv), debug)
+    return run_command(prog, lambda: _train(argv, prog), debug)
 
 
-def _train(argv: Sequence[str] | None) -> int:
-    config, optimizer_overrides, args = parse_train_args(argv)
+def _train(argv: Sequence[str] | None, prog: str = "copes-train") -> int:
+    config, optimizer_overrides, args = parse_train_args(argv, prog)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

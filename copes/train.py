@@ -147,6 +147,24 @@ class TrainConfig:
         "--noise lowrank; --backend vllm with --noise lowrank, N LoRA adapters)",
         "sequential",
     )
+    harness: str | None = flag(
+        "train an agent through the OpenAI-compatible server (copes.serve): module:function "
+        "(async def episode(client, model, task) -> reward, run in this process), env (copes' "
+        "own env loop, through the server) or http (clients ask for work over HTTP: "
+        "copes-serve) (default: none, in-process rollouts)",
+        None,
+    )
+    host: str = flag("with --harness: address the server binds (non-loopback needs a key)",
+                     "127.0.0.1")  # fmt: skip
+    port: int = flag("with --harness: port the server binds (0: a free one)", 0)
+    api_key: str | None = flag(
+        "with --harness: the key clients must send (default: $COPES_API_KEY, else none)", None
+    )
+    step_timeout: float = flag(
+        "with --harness: seconds a step waits for every session's reward before the run "
+        "stops (no partial update)",
+        1800.0,
+    )
 
     def __post_init__(self) -> None:
         get_optimizer(self.optimizer)  # unknown names fail here, listing the table
@@ -181,6 +199,8 @@ class TrainConfig:
                 f"--workers spreads an ES/CoPES population over Ray actors; {self.optimizer} "
                 "trains in one process (use --workers 0)"
             )
+        if self.harness is not None:
+            self._check_harness()
         if self.population_eval not in ("sequential", "batched"):
             raise ValueError(
                 f"unknown --population-eval {self.population_eval!r}; choose sequential or batched"
@@ -196,6 +216,31 @@ class TrainConfig:
                     "--population-eval batched runs the whole population in this process: use "
                     "--workers 0 (or --population-eval sequential)"
                 )
+
+    def _check_harness(self) -> None:
+        if self.workers:
+            raise ValueError("--harness serves the population from this process: use "
+                             "--workers 0")  # fmt: skip
+        if self.backend != "hf":
+            raise ValueError("--harness serves from the transformers backend (serving from "
+                             "vLLM is not built yet): use --backend hf")  # fmt: skip
+        if self.step_timeout <= 0:
+            raise ValueError(f"--step-timeout must be positive, got {self.step_timeout}")
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"--port must be in [0, 65535], got {self.port}")
+        if self.api_key is None:
+            import os
+
+            self.api_key = os.environ.get("COPES_API_KEY") or None
+        from copes.serve.server import is_loopback
+
+        if not is_loopback(self.host) and not self.api_key:
+            raise ValueError(f"--host {self.host} is not a loopback address: serving there "
+                             "needs --api-key (or COPES_API_KEY)")  # fmt: skip
+        if self.harness not in ("env", "http"):
+            from copes.serve.harness import load_harness
+
+            load_harness(self.harness)  # a bad module or function fails before the model
 
     def _resolve_env_and_benchmark(self) -> None:
         """Fill in the env and benchmark each other's defaults, and check both exist."""
@@ -274,6 +319,19 @@ def parse_env_kwargs(text: str | None) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------- rollouts
+@dataclass(frozen=True)
+class PlannedEpisode:
+    """One episode of a population rollout: its member's slot and index, its index among
+    the member's episodes, its task, and its sampling stream (and turn-by-turn seed)."""
+
+    slot: int
+    member: int
+    index: int
+    task: Any
+    stream: int
+    seed: int | None
+
+
 class TaskRollout:
     """The `RolloutFn` of a run: the trajectories of (step, member), a pure function of them.
 
@@ -336,27 +394,18 @@ class TaskRollout:
         Episodes are interleaved task-major (task 0 of every member, then task 1, ...), so a
         batch of the episode loop holds about as many rows of every member.
         """
-        plans = [(self.tasks_of(step, m), self.sampling_of(step, m)) for m in members]
+        plan = self.population_plan(step, members)
         per_member = self.batch_size * self.samples
-        while len(self._population_envs) < per_member * len(members):
+        while len(self._population_envs) < len(plan):
             self._population_envs.append(self._make_env())
-        options, owners, streams, seeds, where = [], [], [], [], []
-        for j in range(per_member):
-            for slot, (tasks, sampling) in enumerate(plans):
-                options.append({"task": tasks[j // self.samples]})
-                owners.append(slot)
-                # The stream this episode (index j) samples from when its member runs alone
-                # in the episode loop; a turn-by-turn population derives it from the seed.
-                seed = sampling.seed if sampling.seed is not None else self.seed
-                streams.append(derive_seed("episode-sampling", seed, j))
-                seeds.append(sampling.seed)
-                where.append((slot, j))
-        policy.assign(owners, streams, seeds)
+        options = [{"task": e.task} for e in plan]
+        policy.assign([e.slot for e in plan], [e.stream for e in plan], [e.seed for e in plan])
         envs = self._population_envs[: len(options)]
-        batch = rollout(policy, envs, plans[0][1], options=options, max_context=self.max_context)
+        sampling = self.sampling_of(step, members[0])
+        batch = rollout(policy, envs, sampling, options=options, max_context=self.max_context)
         grouped: list[list[Any]] = [[None] * per_member for _ in members]
-        for (slot, j), trajectory in zip(where, batch, strict=True):
-            grouped[slot][j] = trajectory
+        for episode, trajectory in zip(plan, batch, strict=True):
+            grouped[episode.slot][episode.index] = trajectory
         share = len(members)
         return [
             RolloutBatch(
@@ -370,6 +419,25 @@ class TaskRollout:
             )
             for trajectories in grouped
         ]
+
+    def population_plan(self, step: int, members: Sequence[int]) -> list[PlannedEpisode]:
+        """The episodes of several members of `step` in the order one episode loop runs
+        them: interleaved task-major (task 0 of every member, then task 1, ...), so a batch
+        holds about as many rows of every member; each with the stream it samples from when
+        its member runs alone (`population`, and `copes.serve` for served steps)."""
+        plans = [(self.tasks_of(step, m), self.sampling_of(step, m)) for m in members]
+        episodes = []
+        for j in range(self.batch_size * self.samples):
+            for slot, (tasks, sampling) in enumerate(plans):
+                # The stream this episode (index j) samples from when its member runs alone
+                # in the episode loop; a turn-by-turn population derives it from the seed.
+                seed = sampling.seed if sampling.seed is not None else self.seed
+                stream = derive_seed("episode-sampling", seed, j)
+                episodes.append(
+                    PlannedEpisode(slot, members[slot], j, tasks[j // self.samples], stream,
+                                   sampling.seed)
+                )  # fmt: skip
+        return episodes
 
     def close(self) -> None:
         for env in self.envs + self._population_envs:
@@ -564,7 +632,10 @@ class Trainer:
             True, c.max_context,
         )  # fmt: skip
         self.evaluator: Any = None
-        if c.population_eval == "batched":  # N weight copies: refused now if they do not fit
+        self.server: Any = None
+        if c.harness is not None:  # everything is served: members, GRPO groups, validation
+            self._serve(sampling, eval_tasks)
+        elif c.population_eval == "batched":  # N weight copies: refused now if they do not fit
             from copes.optimizers.batched import BatchedEvaluator
 
             opt_config = optimizer_config(c, self.optimizer_overrides)
@@ -577,6 +648,36 @@ class Trainer:
         self.budget = Budget()
         self.log: MetricsLog | None = None  # opened by run()
         self.population: Any = None  # --workers: RayPopulation, started by run()
+
+    def _serve(self, sampling: SamplingConfig, eval_tasks: Sequence[Any]) -> None:
+        """Rollouts through the OpenAI-compatible server (`copes.serve`): ES members as
+        sessions of one batched population, GRPO's groups and validation as the policy's."""
+        from copes.serve import HttpHarness, InProcessHarness, PolicyServer, ServedRollout
+        from copes.serve.harness import EnvLoop, load_harness
+
+        c = self.config
+        if c.harness == "http":
+            harness: Any = HttpHarness()
+        elif c.harness == "env":
+            harness = InProcessHarness(EnvLoop(env_factory(c, self.call_format)))
+        else:
+            harness = InProcessHarness(load_harness(c.harness))  # type: ignore[arg-type]
+        self.server = PolicyServer(
+            self.policy, sampling, self.call_format, c.api_key, c.step_timeout,
+            max_context=c.max_context,
+        )  # fmt: skip
+        if is_population(c.optimizer):
+            from copes.serve import ServedEvaluator
+
+            opt_config = optimizer_config(c, self.optimizer_overrides)
+            self.evaluator = ServedEvaluator(
+                self.server, harness, self.policy, self.train_rollout,
+                opt_config.population_size, rank=opt_config.perturbation_rank,
+            )  # fmt: skip
+            self.optimizer.use_evaluator(self.evaluator)  # type: ignore[attr-defined]
+        else:
+            self.train_rollout = ServedRollout(self.server, harness, self.train_rollout)
+        self.eval_rollout = ServedRollout(self.server, harness, self.eval_rollout, "validation")
 
     # ------------------------------------------------------------------ run
     def run(self) -> dict[str, Any]:
@@ -594,6 +695,10 @@ class Trainer:
         self.log = MetricsLog(self.run_dir, reporters, config=asdict(c), project="copes-train")
         if c.resume:
             self._resume()
+        if self.server is not None:  # the run is accepted: serve it
+            self.server.policy_version = self.budget.steps
+            url = self.server.start(c.host, c.port)
+            logger.info("serving the policy at %s/v1 (ask/tell: %s/copes/v1/ask)", url, url)
         start_seconds = self.budget.seconds
         clock = time.perf_counter()
         if self._validation_due() and not self.log.has("validation", self.budget.steps):
@@ -609,6 +714,8 @@ class Trainer:
                 step = self.budget.steps
                 stats = self.optimizer.step(self.policy, self.train_rollout, step)
                 self.budget.steps += 1
+                if self.server is not None:  # the weights changed: the policy's new name
+                    self.server.policy_version = self.budget.steps
                 self.budget.tokens += stats.generated_tokens
                 self.budget.seconds = start_seconds + time.perf_counter() - clock
                 if self.optimizer.replays:  # the replay log: on disk before anything else
@@ -635,6 +742,8 @@ class Trainer:
             self.eval_rollout.close()
             if self.population is not None:
                 self.population.close()
+            if self.server is not None:
+                self.server.stop()
         return self.summary()
 
     def close(self) -> None:

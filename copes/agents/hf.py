@@ -197,12 +197,14 @@ class HFPolicy(ChatGeneration):
         self,
         prompts: Sequence[Sequence[int]],
         sampling: SamplingConfig,
-        next_turn: Callable[[int, Generation], Sequence[int] | None],
+        next_turn: Callable[[int, Generation], Any],
         *,
         threads: int = 16,
+        turn_limits: Any = None,
     ) -> dict[str, float]:
         """Run whole multi-turn episodes in one continuous-batching loop, keeping each
-        episode's KV cache across turns (`copes.agents.hf_engine`; `EpisodePolicy`)."""
+        episode's KV cache across turns (`copes.agents.hf_engine`; `EpisodePolicy`;
+        `turn_limits` and `next_turn` returning a `Reprompt`: served sessions)."""
         from copes.agents.hf_engine import EpisodeEngine
 
         if not self.supports_episodes:
@@ -211,7 +213,8 @@ class HFPolicy(ChatGeneration):
                 "re-arrange (sliding-window, linear-attention or encoder-decoder); use "
                 "generate_ids turn by turn (rollout does when supports_episodes is False)"
             )
-        return EpisodeEngine(self, sampling, next_turn).run(prompts, threads)
+        engine = EpisodeEngine(self, sampling, next_turn, turn_limits=turn_limits)
+        return engine.run(prompts, threads)
 
     # ------------------------------------------------------------------ internals
     def _collect_eos_ids(self) -> set[int]:

@@ -43,7 +43,19 @@ TOOL_OVERLAP_STEPS = 3
 # Shorter prompt prefixes shared by all new episodes are not worth a forward pass of their own.
 MIN_SHARED_PREFIX = 16
 
-NextTurn = Callable[[int, Generation], "Sequence[int] | None"]
+NextTurn = Callable[[int, Generation], "Sequence[int] | Reprompt | None"]
+# An episode's (stop strings, max new tokens) for its current turn, when they differ per
+# episode (a served session's request sets them); default: the sampling config's.
+TurnLimits = Callable[[int], tuple[tuple[str, ...], int]]
+
+
+@dataclass(frozen=True)
+class Reprompt:
+    """What `next_turn` returns when an episode's next prompt does not extend its sequence
+    (a served conversation re-rendered, not bridged): the whole new sequence. The episode's
+    KV cache is dropped and the row re-joins with these ids prefilled from scratch."""
+
+    ids: Sequence[int]
 
 
 @dataclass
@@ -93,10 +105,13 @@ class EpisodeEngine:
         *,
         members: Sequence[int] | None = None,
         streams: Sequence[int] | None = None,
+        turn_limits: TurnLimits | None = None,
     ) -> None:
         """`members`: the population member of each episode, for a `PopulationPolicy`
         (told to its stacked model before every forward pass); `streams`: each episode's
-        sampling-stream seed (default: derived from the sampling seed and its index)."""
+        sampling-stream seed (default: derived from the sampling seed and its index);
+        `turn_limits`: each episode's stop strings and turn length, read at every token
+        (default: the sampling config's, the same for all)."""
         self.policy = policy
         self.members = None if members is None else list(members)
         self.streams = None if streams is None else list(streams)
@@ -104,6 +119,8 @@ class EpisodeEngine:
         self.sampling = sampling
         self.next_turn = next_turn
         self.stop = _StopCheck(policy.tokenizer, sampling.stop)
+        self.turn_limits = turn_limits
+        self._stop_checks: dict[tuple[str, ...], _StopCheck] = {}
         self.pad_id = policy.tokenizer.pad_token_id
         self.device = policy.device
         self.stats = {"forward_passes": 0, "decode_steps": 0, "prefill_tokens": 0}
@@ -182,16 +199,26 @@ class EpisodeEngine:
             wait_start = time.perf_counter()
             follows = [future.result() for future in group.futures]
             self.stats["tool_wait_seconds"] += time.perf_counter() - wait_start
-            alive = [i for i, ids in enumerate(follows) if ids is not None]
-            for i in alive:
+            bridged = [i for i, f in enumerate(follows) if f is not None]
+            restarted = [i for i in bridged if isinstance(follows[i], Reprompt)]
+            bridged = [i for i in bridged if not isinstance(follows[i], Reprompt)]
+            for i in bridged:
                 episode = group.episodes[i]
                 # The turn's last token was chosen but never fed: it leads the prefill.
                 episode.feed = [episode.turn_ids[-1], *follows[i]]
                 episode.sequence.extend(follows[i])
                 episode.turn_ids, episode.turn_logprobs = [], []
-            if alive:
-                joining.extend(group.episodes[i] for i in alive)
-                parts.append(group.cache.take(alive))
+            for i in restarted:  # a new sequence: prefilled from scratch, in a fresh cache
+                episode = group.episodes[i]
+                episode.sequence = list(follows[i].ids)
+                episode.feed = list(follows[i].ids)
+                episode.turn_ids, episode.turn_logprobs = [], []
+            if bridged:
+                joining.extend(group.episodes[i] for i in bridged)
+                parts.append(group.cache.take(bridged))
+            if restarted:
+                joining.extend(group.episodes[i] for i in restarted)
+                parts.append(KVBatch.empty(len(restarted), self.device))
         if waiting and waiting[0].ready_step <= self.stats["decode_steps"]:
             return joining, parts  # a continuing episode waits for room: start none
         new = []
@@ -253,7 +280,7 @@ class EpisodeEngine:
             episode.turn_ids.append(token)
             episode.turn_logprobs.append(logprobs[row])
             episode.feed = [token]
-            reason = self._finish_reason(episode.turn_ids)
+            reason = self._finish_reason(episode)
             if reason is None:
                 stay.append(row)
                 continue
@@ -269,11 +296,18 @@ class EpisodeEngine:
             futures.append(pool.submit(self.next_turn, episode.index, generation))
         return stay, leave, futures
 
-    def _finish_reason(self, ids: list[int]) -> FinishReason | None:
+    def _finish_reason(self, episode: _Episode) -> FinishReason | None:
+        ids = episode.turn_ids
+        stop, limit = self.stop, self.sampling.max_new_tokens
+        if self.turn_limits is not None:
+            stops, limit = self.turn_limits(episode.index)
+            stop = self._stop_checks.get(stops) or self._stop_checks.setdefault(
+                stops, _StopCheck(self.policy.tokenizer, stops)
+            )
         if ids[-1] in self.policy.eos_ids:
             return "eos"
-        if self.stop(ids):
+        if stop(ids):
             return "stop"
-        if len(ids) >= self.sampling.max_new_tokens:
+        if len(ids) >= limit:
             return "length"
         return None

@@ -398,9 +398,10 @@ class PopulationPolicy:
         self,
         prompts: Sequence[Sequence[int]],
         sampling: SamplingConfig,
-        next_turn: Callable[[int, Generation], Sequence[int] | None],
+        next_turn: Callable[[int, Generation], Any],
         *,
         threads: int = 16,
+        turn_limits: Any = None,
     ) -> dict[str, float]:
         from copes.agents.hf_engine import EpisodeEngine
 
@@ -410,7 +411,8 @@ class PopulationPolicy:
                 "call assign() before each rollout"
             )
         engine = EpisodeEngine(
-            self, sampling, next_turn, members=self._members, streams=self._streams
-        )
+            self, sampling, next_turn, members=self._members, streams=self._streams,
+            turn_limits=turn_limits,
+        )  # fmt: skip
         with self.stacked.active():
             return engine.run(prompts, threads)

@@ -1,0 +1,88 @@
+"""Harnesses: the episode functions a served step runs, and how `--harness` finds one.
+
+``--harness module:function`` names ``async def episode(client, model, task) -> float``
+(or ``-> {"reward": float, "correct": bool}``): `client` is an `openai.AsyncOpenAI` whose
+base URL is the session's, `model` the session's model name, `task` the task as JSON
+(`copes.serve.tasks`). ``--harness env`` is copes' own environment loop run through the
+server (`EnvLoop`): the reference harness, whose episodes equal in-process rollouts.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from copes.agents.rollout import stop_strings
+from copes.serve.tasks import task_from_dict
+
+
+def load_harness(spec: str) -> Callable[..., Any]:
+    """``module:function`` -> the async episode function; ValueError with the fix."""
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise ValueError(
+            f"--harness {spec!r}: expected module:function (e.g. my_agent:episode) or env"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(
+            f"--harness {spec!r}: cannot import {module_name} ({exc}); is it on PYTHONPATH?"
+        ) from None
+    function = getattr(module, attribute, None)
+    if function is None:
+        raise ValueError(f"--harness {spec!r}: {module_name} has no {attribute}")
+    call = type(function).__call__  # an instance with an async __call__ counts too
+    if not (inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(call)):
+        raise ValueError(
+            f"--harness {spec!r}: {attribute} must be an async function "
+            "`async def episode(client, model, task) -> float`"
+        )
+    return function
+
+
+class EnvLoop:
+    """copes' own episode loop as a harness: a `ToolEnv` from `make_env`, its messages sent
+    to the server each turn (with the call format's stop strings), its verdict returned.
+
+    An in-process rollout ends an episode whose next turn would not fit the context with
+    reward 0; here the server refuses that turn (context_length_exceeded) and the loop
+    ends the same way.
+    """
+
+    def __init__(self, make_env: Callable[[], Any], pool: int = 0) -> None:
+        self.make_env = make_env
+        self._free: list[Any] = [make_env() for _ in range(pool)]
+
+    async def __call__(self, client: Any, model: str, task: dict[str, Any]) -> dict[str, Any]:
+        import asyncio
+
+        import openai
+
+        env = self._free.pop() if self._free else self.make_env()
+        try:
+            _, info = await asyncio.to_thread(env.reset, options={"task": task_from_dict(task)})
+            tools = info.get("tools") if info.get("call_format", "tags") != "tags" else None
+            stops = list(stop_strings(info))
+            total = 0.0
+            while True:
+                request: dict[str, Any] = {"model": model, "messages": info["messages"]}
+                if tools:
+                    request["tools"] = tools
+                if stops:
+                    request["stop"] = stops
+                try:
+                    reply = await client.chat.completions.create(**request)
+                except openai.BadRequestError as exc:
+                    if getattr(exc, "code", None) == "context_length_exceeded":
+                        return {"reward": 0.0, "correct": False}
+                    raise
+                text = reply.choices[0].message.content or ""
+                _, reward, terminated, truncated, info = await asyncio.to_thread(env.step, text)
+                total += float(reward)
+                if terminated or truncated:
+                    return {"reward": total, "correct": bool(info.get("correct", False))}
+        finally:
+            self._free.append(env)

@@ -1,0 +1,116 @@
+"""A served step: the sessions the trainer opened, and how it ends.
+
+The trainer opens a step with every session it needs (ES: member x task, in the order the
+in-process population rollout runs them; GRPO and validation: task x sample of the policy),
+hands them to a harness (in-process, or clients that ask over HTTP), and waits. The step
+closes when every session has its reward; at its deadline, or when a harness fails, it fails
+as a whole (`StepFailed`), and no update is applied: a partial step is never trained on.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from copes.errors import UserError
+from copes.serve.sessions import Session
+from copes.serve.wire import ServeError
+
+
+class StepFailed(UserError):
+    """A served step ended without every reward (timeout, or a harness error): the run
+    stops with one line saying why (`copes-train` exits 2), and nothing of the step is kept."""
+
+
+@dataclass(frozen=True)
+class SessionSpec:
+    """One session to open: its member (None: the policy) and stack slot, its task, and the
+    sampling stream its episode draws from."""
+
+    member: int | None
+    slot: int | None
+    task: Any
+    stream: int | None = None
+
+
+class ServedStep:
+    """The open step's sessions (in episode order) and its deadline."""
+
+    def __init__(
+        self,
+        step: int,
+        purpose: str,
+        policy_version: int,
+        names: Sequence[str],
+        specs: Sequence[SessionSpec],
+        timeout: float,
+    ) -> None:
+        self.step = step
+        self.purpose = purpose  # "train" or "validation"
+        self.policy_version = policy_version
+        self.deadline = time.monotonic() + timeout
+        self.timeout = timeout
+        self.failed: ServeError | None = None
+        self.closed = False
+        self._ended = 0
+        self._done = threading.Condition()
+        self.specs = list(specs)
+        self.sessions = [
+            Session(
+                f"{purpose[0]}{step}-{i}-{secrets.token_hex(4)}",
+                i,
+                name,
+                spec.member,
+                spec.task,
+                self,
+            )
+            for i, (name, spec) in enumerate(zip(names, specs, strict=True))
+        ]
+        self.by_id = {s.id: s for s in self.sessions}
+        self._unclaimed = list(self.sessions)
+        self._claim_lock = threading.Lock()
+
+    def claim(self, limit: int) -> list[Session]:
+        """Up to `limit` sessions no client has been given yet (ask/tell over HTTP)."""
+        with self._claim_lock:
+            taken, self._unclaimed = self._unclaimed[:limit], self._unclaimed[limit:]
+        for session in taken:
+            session.claimed = True
+        return taken
+
+    def session_ended(self) -> None:
+        with self._done:
+            self._ended += 1
+            self._done.notify_all()
+
+    def fail(self, message: str) -> None:
+        """End the step without an update; waiting requests get the reason."""
+        error = ServeError(409, f"step {self.step} failed: {message}", code="step_failed")
+        with self._done:
+            if self.failed is None:
+                self.failed = error
+            self._done.notify_all()
+        for session in self.sessions:
+            session.fail(error)
+
+    def wait_rewards(self) -> None:
+        """Until every session has its reward; raises `StepFailed` at the deadline or when
+        the step failed."""
+        with self._done:
+            while self._ended < len(self.sessions) and self.failed is None:
+                left = self.deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._done.wait(timeout=min(left, 1.0))
+        if self.failed is None and self._ended < len(self.sessions):
+            missing = [s.id for s in self.sessions if not s.ended]
+            self.fail(
+                f"{len(missing)} of {len(self.sessions)} sessions posted no reward "
+                f"within {self.timeout:g} s (e.g. {missing[:3]})"
+            )
+        if self.failed is not None:
+            raise StepFailed(f"{self.failed.message}; no update was applied")

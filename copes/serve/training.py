@@ -1,0 +1,261 @@
+"""Training through the server: an ES/CoPES step's members and a GRPO (or validation) batch
+served as sessions, scored by a harness.
+
+- `ServedEvaluator` is the `PopulationEvaluator` of an ES/CoPES step: the members are loaded
+  into the batched population exactly as `BatchedEvaluator` loads them (stacked copies or
+  low-rank adapters), the step's sessions are opened in the in-process rollout's episode
+  order with its sampling streams, and a member's reward is the mean of its sessions'
+  rewards. `tell` is untouched: the update is the in-process one.
+- `ServedRollout` is a `RolloutFn` for the policy itself (GRPO's groups, validation): one
+  session per task sample; the recorded turns become `Trajectory`s (token ids, the mask of
+  what the server sampled, the sampling log-probs) that GRPO trains on.
+
+A `Harness` scores sessions: `InProcessHarness` runs ``async def episode(client, model, task)``
+for every session at once with an `openai.AsyncOpenAI` at the session's base URL;
+`HttpHarness` leaves them to clients that ask over HTTP (`/copes/v1/ask`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from copes.agents.rollout import RolloutBatch, RolloutStats, Trajectory
+from copes.optimizers.batched import BatchedEvaluator
+from copes.optimizers.es import MemberResult
+from copes.serve.engine import run_sessions
+from copes.serve.server import PolicyServer
+from copes.serve.steps import ServedStep, SessionSpec
+from copes.serve.tasks import task_to_dict
+
+Episode = Callable[[Any, str, dict[str, Any]], Awaitable[Any]]
+
+
+class Harness(Protocol):
+    """Who runs a served step's episodes and posts their rewards."""
+
+    def start(self, server: PolicyServer, served: ServedStep) -> None: ...
+
+    def join(self) -> None: ...
+
+
+class HttpHarness:
+    """Clients in other processes ask for the work and post rewards (nothing to start)."""
+
+    def start(self, server: PolicyServer, served: ServedStep) -> None:
+        pass
+
+    def join(self) -> None:
+        pass
+
+
+def reward_of(result: Any) -> tuple[Any, Any]:
+    """An episode's return value: a number, or ``{"reward": r, "correct": bool}``."""
+    if isinstance(result, dict):
+        return result.get("reward"), result.get("correct")
+    return result, None
+
+
+class InProcessHarness:
+    """Every session of a step runs ``await episode(client, model, task)`` at once (in a
+    thread with its own event loop), each with an `openai.AsyncOpenAI` pointed at its
+    session's base URL; the returned reward is the session's. An episode that raises fails
+    the step (no update)."""
+
+    def __init__(self, episode: Episode, request_timeout: float = 600.0) -> None:
+        self.episode = episode
+        self.request_timeout = request_timeout
+        self._thread: threading.Thread | None = None
+
+    def start(self, server: PolicyServer, served: ServedStep) -> None:
+        quiet = logging.getLogger("httpx")  # one INFO line per request otherwise
+        if quiet.level == logging.NOTSET:
+            quiet.setLevel(logging.WARNING)
+        self._thread = threading.Thread(
+            target=asyncio.run,
+            args=(self._run(server, served),),
+            name="copes-harness",
+            daemon=True,
+        )
+        self._thread.start()
+
+    async def _run(self, server: PolicyServer, served: ServedStep) -> None:
+        import httpx
+        from openai import AsyncOpenAI
+
+        limits = httpx.Limits(max_connections=len(served.sessions) + 8)
+        async with httpx.AsyncClient(limits=limits, timeout=self.request_timeout) as http:
+
+            async def one(session: Any) -> None:
+                client = AsyncOpenAI(
+                    base_url=f"{server.base_url}/s/{session.id}/v1",
+                    api_key=server.api_key or "copes",
+                    http_client=http,
+                    max_retries=0,
+                )
+                try:
+                    result = await self.episode(client, session.model, task_to_dict(session.task))
+                    reward, correct = reward_of(result)
+                    await asyncio.to_thread(session.end, reward, correct)
+                except Exception as exc:  # the step fails whole, with the reason
+                    if served.failed is None:
+                        served.fail(
+                            f"the harness's episode of session {session.id} raised "
+                            f"{type(exc).__name__}: {exc}"
+                        )
+
+            await asyncio.gather(*(one(s) for s in served.sessions))
+
+    def join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+
+def _serve_step(
+    server: PolicyServer, harness: Harness, served: ServedStep, engine_policy: Any, sampling: Any
+) -> dict[str, float]:
+    """Run a served step to its end: the harness's episodes through the episode loop, then
+    every reward. Raises `StepFailed` (and applies nothing) when it fails."""
+    harness.start(server, served)
+    try:
+        with server.model_lock:
+            stats = run_sessions(engine_policy, served, sampling, server.chat, server.call_format)
+        served.wait_rewards()
+    finally:
+        if served.failed is None and not all(s.ended for s in served.sessions):
+            served.fail("the step was abandoned")
+        harness.join()
+    return stats
+
+
+class ServedEvaluator(BatchedEvaluator):
+    """An ES/CoPES step's members served as sessions of one batched population.
+
+    Args:
+        server: the `PolicyServer` over the run's policy.
+        harness: who runs the episodes.
+        policy, rollout, population_size, rank: as for `BatchedEvaluator` (the rollout's
+            `population_plan` fixes each member's tasks, order and sampling streams).
+    """
+
+    def __init__(
+        self,
+        server: PolicyServer,
+        harness: Harness,
+        policy: Any,
+        rollout: Any,
+        population_size: int,
+        rank: int = 0,
+    ) -> None:
+        super().__init__(policy, rollout, population_size, rank=rank)
+        if self.on_vllm:
+            raise ValueError(
+                "serving ES members from --backend vllm is not built yet; use "
+                "--backend hf with --harness"
+            )
+        self.server = server
+        self.harness = harness
+
+    def evaluate(self, step: int, members: Sequence[Any]) -> list[MemberResult]:
+        if len(members) > self.stacked.members:
+            raise ValueError(f"{len(members)} members but room for {self.stacked.members}")
+        weight_seconds = self._load(members)
+        plan = self.rollout.population_plan(step, [m.member for m in members])
+        specs = [SessionSpec(e.member, e.slot, e.task, e.stream) for e in plan]
+        served = self.server.open_step(step, specs)
+        try:
+            stats = _serve_step(
+                self.server,
+                self.harness,
+                served,
+                self.population,
+                self.rollout.sampling_of(step, members[0].member),
+            )
+        finally:
+            self.server.close_step(served, updated=False)
+        share = len(members)
+        results = []
+        for slot, member in enumerate(members):
+            mine = [s for s in served.sessions if s.member == member.member]
+            results.append(
+                MemberResult(
+                    member=member.member,
+                    reward=float(np.mean([s.reward for s in mine])),
+                    accuracy=float(np.mean([bool(s.correct) for s in mine])),
+                    generation_seconds=stats["seconds"] / share,
+                    generated_tokens=sum(sum(s.sampled_mask) for s in mine),
+                    weight_seconds=weight_seconds[slot],
+                )
+            )
+        return results
+
+
+class ServedRollout:
+    """A `RolloutFn` of the policy served as sessions: (step, None) -> the trajectories of
+    the task rollout's batch (`tasks_of`, `samples` per task), rewards from the harness."""
+
+    def __init__(
+        self, server: PolicyServer, harness: Harness, rollout: Any, purpose: str = "train"
+    ) -> None:
+        self.server = server
+        self.harness = harness
+        self.rollout = rollout
+        self.purpose = purpose
+        self.samples = rollout.samples
+        self.batch_size = rollout.batch_size
+
+    def __call__(self, policy: Any, step: int, member: int | None = None) -> RolloutBatch:
+        if member is not None:
+            raise ValueError("a served rollout serves the policy (member None)")
+        tasks = self.rollout.tasks_of(step)
+        specs = [SessionSpec(None, None, t) for t in tasks for _ in range(self.samples)]
+        served = self.server.open_step(step, specs, purpose=self.purpose)
+        start = time.perf_counter()
+        try:
+            stats = _serve_step(
+                self.server, self.harness, served, policy, self.rollout.sampling_of(step)
+            )
+        finally:
+            self.server.close_step(served, updated=False)
+        trajectories = [trajectory_of(s) for s in served.sessions]
+        return RolloutBatch(
+            trajectories,
+            RolloutStats(
+                generation_seconds=time.perf_counter() - start,
+                generated_tokens=sum(t.num_generated_tokens for t in trajectories),
+                generate_calls=1,
+                engine=stats,
+            ),
+        )
+
+    def close(self) -> None:
+        self.rollout.close()
+
+
+def trajectory_of(session: Any) -> Trajectory:
+    """A session's record as a `Trajectory`: the last token sequence, masked to what the
+    server sampled in it, and the harness's reward."""
+    mask = list(session.sampled_mask)
+    calls = sum(bool(t.reply["choices"][0]["message"].get("tool_calls")) for t in session.turns)
+    last = session.turns[-1] if session.turns else None
+    messages = [] if last is None else [*last.messages, last.reply["choices"][0]["message"]]
+    return Trajectory(
+        task_id=session.task.id,
+        messages=messages,
+        token_ids=list(session.token_ids),
+        generated_mask=mask,
+        logprobs=list(session.logprobs),
+        prompt_length=mask.index(1) if 1 in mask else len(mask),
+        reward=float(session.reward),
+        correct=bool(session.correct),
+        turns=len(session.turns),
+        tool_calls=calls,
+        end_reason="answer",
+    )
