@@ -742,8 +742,8 @@ class Trainer:
             self.eval_rollout.close()
             if self.population is not None:
                 self.population.close()
-            if self.server is not None:
-                self.server.stop()
+            if self.server is not None:  # clients asking over HTTP hear that it is over
+                self.server.stop(linger=2.0 if self.config.harness == "http" else 0.0)
         return self.summary()
 
     def close(self) -> None:

@@ -328,10 +328,14 @@ class PolicyServer:
         logger.info("serving %s on %s/v1", policy_name(self.policy_version), self.base_url)
         return self.base_url
 
-    def stop(self) -> None:
+    def stop(self, linger: float = 0.0) -> None:
+        """Tell clients the run is over (`/copes/v1/ask` answers done) and, after `linger`
+        seconds for polling clients to hear it, stop serving."""
         self.finished = True
         if self.open is not None:
             self.open.fail("the server stopped")
+        if self._http is not None and linger > 0:
+            time.sleep(linger)
         if self._http is not None:
             self._http.should_exit = True
             if self._thread is not None:

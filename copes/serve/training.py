@@ -170,6 +170,7 @@ class ServedEvaluator(BatchedEvaluator):
         plan = self.rollout.population_plan(step, [m.member for m in members])
         specs = [SessionSpec(e.member, e.slot, e.task, e.stream) for e in plan]
         served = self.server.open_step(step, specs)
+        self.last_served = served  # its sessions' records, for diagnostics and tests
         try:
             stats = _serve_step(
                 self.server,
