@@ -243,7 +243,7 @@ def dry_run(config: Any, optimizer_overrides: dict[str, Any]) -> dict[str, Any]:
         for name, e in estimates.items()
     }
     plan = {
-        "train": dataclasses.asdict(config),
+        "train": {**dataclasses.asdict(config), **({"api_key": "<set>"} if config.api_key else {})},
         "optimizer_overrides": optimizer_overrides,
         "model": {"path": path, "parameters": shape.num_parameters, "layers": shape.num_layers},
         "sequence_length_assumed": seq_len,

@@ -48,6 +48,7 @@ RESUMABLE_CHANGES = frozenset(
         "report_to",
         "eval_every", "checkpoint_every", "keep_checkpoints", "workers", "ray_address",
         "checksum_every", "gpu_memory_utilization", "population_eval",
+        "host", "port", "api_key", "step_timeout",  # where and how long the server waits
     }
 )  # fmt: skip
 # Each preset env's tasks when no --benchmark is given (other envs: a benchmark registered
@@ -221,9 +222,6 @@ class TrainConfig:
         if self.workers:
             raise ValueError("--harness serves the population from this process: use "
                              "--workers 0")  # fmt: skip
-        if self.backend != "hf":
-            raise ValueError("--harness serves from the transformers backend (serving from "
-                             "vLLM is not built yet): use --backend hf")  # fmt: skip
         if self.step_timeout <= 0:
             raise ValueError(f"--step-timeout must be positive, got {self.step_timeout}")
         if not 0 <= self.port < 65536:
@@ -555,7 +553,10 @@ def lora_population(config: TrainConfig, overrides: dict[str, Any]) -> tuple[int
     """(members, rank) the vLLM engine must serve as LoRA adapters for a batched population
     (`--backend vllm --population-eval batched`), else None; refuses full-rank members
     there, before any engine starts."""
-    if config.population_eval != "batched" or config.backend != "vllm":
+    batched = config.population_eval == "batched" or (
+        config.harness is not None and is_population(config.optimizer)  # served: batched
+    )
+    if not batched or config.backend != "vllm":
         return None
     opt_config = optimizer_config(config, overrides)
     if not opt_config.perturbation_rank:
@@ -692,7 +693,8 @@ class Trainer:
         from copes.reporting import parse_report_to
 
         reporters = [r for r in parse_report_to(c.report_to) if c.tensorboard or r != "tensorboard"]
-        self.log = MetricsLog(self.run_dir, reporters, config=asdict(c), project="copes-train")
+        self.log = MetricsLog(self.run_dir, reporters, config=self._public_config(),
+                              project="copes-train")  # fmt: skip
         if c.resume:
             self._resume()
         if self.server is not None:  # the run is accepted: serve it
@@ -779,7 +781,7 @@ class Trainer:
         optimizer_state = self.optimizer.state_dict()
         tensors = optimizer_state.pop("optimizer_tensors", None)
         state = {"budget": asdict(self.budget), "optimizer": optimizer_state,
-                 "config": asdict(self.config)}  # fmt: skip
+                 "config": self._public_config()}  # fmt: skip
         model = self.optimizer.export_model(self.policy)
         master = self.optimizer.master_state(self.policy, model)  # e.g. fp32 beside bf16
         return save_checkpoint(
@@ -927,9 +929,16 @@ class Trainer:
                 "continue it or choose another --out-dir"
             )
 
+    def _public_config(self) -> dict[str, Any]:
+        """The run's settings as they are written and reported: the API key masked."""
+        settings = asdict(self.config)
+        if settings.get("api_key"):
+            settings["api_key"] = "<set>"
+        return settings
+
     def _run_config(self) -> dict[str, Any]:
         record = {
-            "train": asdict(self.config),
+            "train": self._public_config(),
             "optimizer": self.optimizer.state_dict().get("config"),
         }
         return json.loads(json.dumps(record, default=str))  # compared as it is stored

@@ -7,7 +7,7 @@ session and for the current policy, and copes' ask/tell routes.
     POST /v1/completions                    the same, for a text prompt
     GET  /v1/models                         the current policy and the open step's members
     POST /copes/v1/ask                      {"max_sessions": k} -> the open step's work
-    POST /copes/v1/sessions/{session}/reward  {"reward": r, "correct": bool?}
+    POST /copes/v1/sessions/{session}/reward  {"reward": r} (+ correct, tool_calls, end_reason)
     GET  /copes/v1/sessions/{session}       what was recorded (token ids, log-probs, turns)
     GET  /copes/v1/status                   run, policy version, the open step's progress
 
@@ -27,6 +27,25 @@ from fastapi.responses import JSONResponse
 from copes.serve.wire import ServeError, parse_request
 
 
+class _KeyCheck:
+    """``Authorization: Bearer KEY`` on every request (a plain ASGI middleware: Starlette's
+    `BaseHTTPMiddleware` costs a task group and two streams per request)."""
+
+    def __init__(self, app: Any, key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {key}".encode()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                error = ServeError(401, "missing or wrong API key (Authorization: Bearer KEY)",
+                                   code="invalid_api_key")  # fmt: skip
+                await JSONResponse(error.body(), status_code=401)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def create_app(server: Any) -> Any:
     app = FastAPI(title="copes-serve", docs_url=None, redoc_url=None, openapi_url=None)
 
@@ -34,18 +53,8 @@ def create_app(server: Any) -> Any:
     async def _refused(_: Request, exc: ServeError) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status)
 
-    @app.middleware("http")
-    async def _auth(request: Request, call_next: Any) -> Any:
-        if server.api_key:
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {server.api_key}".encode()):
-                error = ServeError(
-                    401,
-                    "missing or wrong API key (Authorization: Bearer KEY)",
-                    code="invalid_api_key",
-                )
-                return JSONResponse(error.body(), status_code=401)
-        return await call_next(request)
+    if server.api_key:
+        app.add_middleware(_KeyCheck, key=server.api_key)
 
     async def body_of(request: Request) -> Any:
         try:
@@ -78,16 +87,14 @@ def create_app(server: Any) -> Any:
         server.check_model(turn, session)
         server.check_sampling(turn)
         served = session.step
-        future = await asyncio.to_thread(
-            session.submit,
-            turn,
-            server.chat,
-            server.max_context,
-            server.sampling.max_new_tokens,
+        # Inline, not in a worker thread: a turn's encoding is a few milliseconds, and a
+        # thread hop per request costs more than that while the engine holds the GIL.
+        future = session.submit(
+            turn, server.chat, server.max_context, server.sampling.max_new_tokens
         )
         left = max(0.0, served.deadline - time.monotonic())
-        try:
-            return await asyncio.wait_for(asyncio.wrap_future(future), timeout=left)
+        try:  # the reply as it was recorded: no model validation on the way out
+            return JSONResponse(await asyncio.wait_for(asyncio.wrap_future(future), timeout=left))
         except asyncio.TimeoutError:
             raise ServeError(
                 504,
@@ -141,7 +148,8 @@ def create_app(server: Any) -> Any:
             raise ServeError(
                 400, 'the body must be {"reward": number, "correct": bool?}', param="reward"
             )
-        session.end(body["reward"], body.get("correct"))
+        session.end(body["reward"], body.get("correct"), body.get("tool_calls"),
+                    body.get("end_reason"))  # fmt: skip
         return {"session": session_id, "reward": session.reward}
 
     @app.get("/copes/v1/sessions/{session_id}")

@@ -1,4 +1,5 @@
-"""A served step's sessions run as the episodes of the policy's own episode loop.
+"""A served step's sessions run as the episodes of the policy's own episode loop, or turn by
+turn for policies without one (vLLM).
 
 Each session is one episode of `generate_episodes` (the population's, for ES members: every
 row computes with its member's weights; the policy's, for GRPO and validation). The loop's
@@ -7,6 +8,11 @@ then waits for the session's next request (its ids bridged onto the sequence, or
 sequence: `Reprompt`) or for its reward (the episode is over). Episodes keep their KV caches
 across turns and rows re-join on the loop's deterministic schedule, so a harness that is
 copes' own env loop gets the in-process rollout's tokens exactly.
+
+Turn by turn (`run_session_turns`; vLLM, whose engine schedules rows itself): every turn
+waits until each unfinished session has sent its request, then generates all of them in one
+batch, as the in-process turn-by-turn rollout does (`copes.agents.rollout._run_turns`): a
+population's rows each with its member's adapter and per-turn seed.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from typing import Any
 
 from copes.agents.hf_engine import Reprompt
 from copes.agents.policy import Generation, SamplingConfig
+from copes.agents.rollout import turn_seed
 from copes.serve.sessions import PendingTurn, Session, Turn
 from copes.serve.steps import ServedStep
 from copes.serve.wire import assistant_message, chat_completion, token_logprobs
@@ -65,6 +72,54 @@ def run_sessions(
     stats = dict(stats)
     stats["seconds"] = time.perf_counter() - start
     return stats
+
+
+def run_session_turns(
+    policy: Any, served: ServedStep, sampling: SamplingConfig, chat: Any, call_format: str
+) -> dict[str, float]:
+    """Every session of `served`, turn by turn: one batched call per turn (and per distinct
+    (stop strings, length) among the turn's requests) over the unfinished sessions.
+
+    `policy` is a population with `generate_turn` (assigned here its rows' slots and
+    seeds) or a plain policy (`generate_ids`, its seed varied per turn as in-process)."""
+    current: dict[int, PendingTurn] = {}
+    for session in served.sessions:
+        first = session.take(served.deadline)
+        if first is not None:
+            current[session.index] = first
+    population = hasattr(policy, "generate_turn")
+    if population:
+        specs = served.specs
+        policy.assign(
+            [s.slot for s in specs], [s.stream or 0 for s in specs], [s.seed for s in specs]
+        )
+    start = time.perf_counter()
+    calls, turn = 0, 0
+    while current:
+        groups: dict[tuple[tuple[str, ...], int], list[int]] = {}
+        for index, pending in current.items():
+            groups.setdefault((pending.stops, pending.max_new_tokens), []).append(index)
+        for (stops, limit), indices in groups.items():
+            rows = replace(sampling, stop=stops, max_new_tokens=limit)
+            prompts = [list(served.sessions[i].token_ids) for i in indices]
+            if population:
+                generations = policy.generate_turn(prompts, rows, indices, turn)
+            else:
+                if rows.seed is not None:
+                    rows = replace(rows, seed=turn_seed(rows.seed, turn))
+                generations = policy.generate_ids(prompts, rows)
+            calls += 1
+            for index, generation in zip(indices, generations, strict=True):
+                session, pending = served.sessions[index], current[index]
+                session.finish_turn(pending, _turn(session, pending, generation, chat, call_format))
+        following = {}
+        for index in sorted(current):
+            nxt = served.sessions[index].take(served.deadline)
+            if nxt is not None:
+                following[index] = nxt
+        current = following
+        turn += 1
+    return {"seconds": time.perf_counter() - start, "generate_calls": float(calls)}
 
 
 def _turn(

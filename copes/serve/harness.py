@@ -77,12 +77,17 @@ class EnvLoop:
                     reply = await client.chat.completions.create(**request)
                 except openai.BadRequestError as exc:
                     if getattr(exc, "code", None) == "context_length_exceeded":
-                        return {"reward": 0.0, "correct": False}
+                        return {"reward": 0.0, "correct": False, "end_reason": "context",
+                                "tool_calls": info.get("tool_calls", 0)}  # fmt: skip
                     raise
                 text = reply.choices[0].message.content or ""
                 _, reward, terminated, truncated, info = await asyncio.to_thread(env.step, text)
                 total += float(reward)
-                if terminated or truncated:
-                    return {"reward": total, "correct": bool(info.get("correct", False))}
+                if terminated or truncated:  # the verdict, and what the logs count
+                    reason = info.get("end_reason", "max_turns")
+                    if reason == "max_turns" and info.get("action") == "invalid":
+                        reason = "invalid"
+                    return {"reward": total, "correct": bool(info.get("correct", False)),
+                            "tool_calls": info["tool_calls"], "end_reason": reason}  # fmt: skip
         finally:
             self._free.append(env)

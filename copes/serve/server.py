@@ -312,7 +312,12 @@ class PolicyServer:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
         bound = sock.getsockname()[1]
-        config = uvicorn.Config(create_app(self), log_level="warning", access_log=False)
+        # Keep-alive well past a turn's wait: a session's connection idles while the batch
+        # serves others, and a connection closed under a client's next request is an error.
+        config = uvicorn.Config(
+            create_app(self), log_level="warning", access_log=False, timeout_keep_alive=600,
+            backlog=4096,
+        )  # fmt: skip
         self._http = uvicorn.Server(config)
         self._thread = threading.Thread(
             target=self._http.run, kwargs={"sockets": [sock]}, name="copes-serve", daemon=True

@@ -27,6 +27,7 @@ from copes.agents.hf_engine import Reprompt
 from copes.serve.wire import ServeError, TurnRequest
 
 ENDED = object()  # queued when a session's reward arrives: its episode is over
+END_REASONS = ("answer", "max_turns", "context", "invalid")  # copes.agents.rollout.EndReason
 
 
 @dataclass
@@ -84,6 +85,8 @@ class Session:
         self.inflight: PendingTurn | None = None
         self.reward: float | None = None
         self.correct: bool | None = None
+        self.tool_calls: int | None = None  # as the harness counted them, when it says
+        self.end_reason: str | None = None
         self.claimed = False
         # The episode's token record: every id, which ones were sampled, their log-probs.
         self.token_ids: list[int] = []
@@ -107,6 +110,8 @@ class Session:
         """Queue a turn (or find the recorded or in-flight one for a retried request)."""
         key = request.key()
         with self.lock:
+            if self.step.failed is not None:  # nothing will generate it: say why, now
+                raise self.step.failed
             if self.ended:
                 raise ServeError(
                     409,
@@ -167,8 +172,18 @@ class Session:
         ids = chat.encode_prompt(messages, request.tools)
         return Reprompt(ids), len(ids)
 
-    def end(self, reward: Any, correct: Any = None) -> None:
-        """The session's reward: its episode is over."""
+    def end(
+        self, reward: Any, correct: Any = None, tool_calls: Any = None, end_reason: Any = None
+    ) -> None:
+        """The session's reward (and, optionally, for the logs: whether it was correct, how
+        many tool calls the agent made, why it ended): its episode is over."""
+        if end_reason is not None and end_reason not in END_REASONS:
+            raise ServeError(400, f"end_reason must be one of {list(END_REASONS)} or absent",
+                             param="end_reason")  # fmt: skip
+        if tool_calls is not None and (
+            isinstance(tool_calls, bool) or not isinstance(tool_calls, int) or tool_calls < 0
+        ):
+            raise ServeError(400, "tool_calls must be a count (>= 0) or absent", param="tool_calls")
         if isinstance(reward, bool) or not isinstance(reward, (int, float)):
             raise ServeError(400, "reward must be a number", param="reward")
         if not math.isfinite(reward):
@@ -190,6 +205,8 @@ class Session:
                 )
             self.reward = float(reward)
             self.correct = correct
+            self.tool_calls = tool_calls
+            self.end_reason = end_reason
             self.inbox.put(ENDED)
         self.step.session_ended()
 

@@ -159,3 +159,36 @@ def test_dry_run_plans_the_lora_slots_at_vllms_padded_rank(capsys):
     on_hf = plans["hf"]["copes (--population-eval batched, --noise lowrank r=2, N=8)"]
     key = "copes (--population-eval batched, --noise lowrank r=2, vLLM LoRA slots of rank 8, N=8)"
     assert plans["vllm"][key]["population_adapters"] == 4 * on_hf["population_adapters"] > 0
+
+
+def test_served_members_and_policy_sessions_on_vllm_equal_in_process(lora_engine):
+    """copes.serve on vLLM, turn by turn: a low-rank step's members as LoRA adapters served
+    to copes' env loop over HTTP (sampled, each member on its own tasks and draws) give the
+    in-process batched step's episodes and rewards; the policy's sessions (GRPO groups,
+    validation) give the in-process rollout's."""
+    from copes.serve import EnvLoop, InProcessHarness, PolicyServer, ServedEvaluator, ServedRollout
+
+    members = members_of_step()
+    rollout = math_rollout(temperature=1.0, same_batch=False)
+    server = PolicyServer(lora_engine, rollout.sampling)
+    server.start()
+    harness = InProcessHarness(EnvLoop(rollout._make_env))
+    try:
+        local = {}
+        expected = BatchedEvaluator(
+            lora_engine, rollout, MEMBERS, on_batch=recorder(local), rank=RANK
+        ).evaluate(0, members)
+        served = ServedEvaluator(server, harness, lora_engine, rollout, MEMBERS, rank=RANK)
+        got = served.evaluate(0, members)
+        assert not lora_engine.llm.llm_engine.list_loras()  # the adapters left with the step
+        plan = rollout.population_plan(0, [m.member for m in members])
+        for episode, session in zip(plan, served.last_served.sessions, strict=True):
+            assert session.token_ids == local[episode.member][episode.index][0]
+        assert [r.reward for r in got] == [r.reward for r in expected]
+        policy_batch = rollout(lora_engine, 1)
+        served_batch = ServedRollout(server, harness, rollout)(lora_engine, 1)
+        assert [t.token_ids for t in served_batch] == [t.token_ids for t in policy_batch]
+        assert [t.reward for t in served_batch] == [t.reward for t in policy_batch]
+    finally:
+        server.stop()
+        rollout.close()

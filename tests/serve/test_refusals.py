@@ -169,3 +169,35 @@ def test_a_harness_that_raises_fails_the_step(tiny_policy, make_task_rollout):
             ServedRollout(server, InProcessHarness(broken), rollout)(tiny_policy, 0)
     finally:
         server.stop()
+
+
+def test_bad_harness_flags_are_one_line_errors(capsys):
+    from copes.cli import train_main
+
+    for flags, expected in [
+        (["--harness", "nomodule_xyz:episode"], "cannot import nomodule_xyz"),
+        (["--harness", "json:nothing"], "json has no nothing"),
+        (["--harness", "json:dumps"], "must be an async function"),
+        (["--harness", "justaname"], "expected module:function"),
+        (["--harness", "env", "--workers", "2"], "--workers 0"),
+        (["--harness", "env", "--step-timeout", "0"], "--step-timeout must be positive"),
+    ]:
+        assert train_main([*flags, "--steps", "1"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and expected in err[0], (flags, err)
+
+
+@pytest.mark.slow
+def test_the_api_key_is_used_by_the_harness_and_never_written(tmp_path):
+    """The in-process harness sends the key (the server checks it on every turn); the run
+    folder and its logs hold no copy of it."""
+    from copes.cli import train_main
+
+    out = tmp_path / "keyed"
+    flags = ["--harness", "env", "--api-key", "s3cret-k3y", "--steps", "1", "--batch-size",
+             "2", "--population-size", "4", "--eval-tasks", "2", "--num-train-tasks", "20",
+             "--max-new-tokens", "32", "--no-progress", "--output-dir", str(out)]  # fmt: skip
+    assert train_main(flags) == 0
+    for path in out.rglob("*"):
+        if path.is_file():
+            assert b"s3cret-k3y" not in path.read_bytes(), path

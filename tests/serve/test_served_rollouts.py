@@ -165,7 +165,10 @@ def test_served_copes_steps_give_the_in_process_weights(tmp_path):
         [r for r in read_jsonl(run / "metrics.jsonl") if r.get("kind") == "validation"]
         for run in (local, served)
     ]
-    assert [v["reward_mean"] for v in validations[0]] == [v["reward_mean"] for v in validations[1]]
+    keys = ("reward_mean", "accuracy", "tool_calls_mean", "turns_mean", "invalid_rate")
+    assert [[v[k] for k in keys] for v in validations[0]] == [
+        [v[k] for k in keys] for v in validations[1]
+    ]
 
 
 @pytest.mark.slow
