@@ -90,15 +90,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     env_loop = EnvLoop(make_env, pool=n * args.tasks)
 
     async def timed_episode(client: Any, model: str, task: dict) -> Any:
-        create = client.chat.completions.create
+        post = client.post  # what copes' env loop sends its turns with
 
-        async def timed(**request: Any) -> Any:
+        async def timed(*args: Any, **kwargs: Any) -> Any:
             start = time.perf_counter()
-            reply = await create(**request)
+            reply = await post(*args, **kwargs)
             latencies.append(time.perf_counter() - start)
             return reply
 
-        client.chat.completions.create = timed
+        client.post = timed
         return await env_loop(client, model, task)
 
     server = PolicyServer(policy, sampling)

@@ -23,6 +23,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from starlette.routing import Route
 
 from copes.serve.wire import ServeError, parse_request
 
@@ -80,9 +81,8 @@ def create_app(server: Any) -> Any:
     async def session_models(session_id: str) -> dict[str, Any]:
         return model_list([server.session(session_id).model])
 
-    @app.post("/s/{session_id}/v1/chat/completions")
-    async def session_chat(session_id: str, request: Request) -> Any:
-        session = server.session(session_id)
+    async def session_chat(request: Request) -> Any:
+        session = server.session(request.path_params["session_id"])
         turn = parse_request(await body_of(request))
         server.check_model(turn, session)
         server.check_sampling(turn)
@@ -101,6 +101,12 @@ def create_app(server: Any) -> Any:
                 f"step {served.step} passed its deadline before this turn was generated",
                 code="step_timeout",
             ) from None
+
+    # Every turn of training comes here: a plain Starlette route, without FastAPI's
+    # per-request dependency solving (nothing here is declared for it to solve).
+    app.router.routes.append(
+        Route("/s/{session_id}/v1/chat/completions", session_chat, methods=["POST"])
+    )
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:

@@ -59,6 +59,7 @@ class EnvLoop:
     async def __call__(self, client: Any, model: str, task: dict[str, Any]) -> dict[str, Any]:
         import asyncio
 
+        import httpx
         import openai
 
         env = self._free.pop() if self._free else self.make_env()
@@ -69,18 +70,22 @@ class EnvLoop:
             total = 0.0
             while True:
                 request: dict[str, Any] = {"model": model, "messages": info["messages"]}
-                if tools:
-                    request["tools"] = tools
+                if tools:  # the env parses the call itself: the text as the model wrote it
+                    request["tools"], request["tool_choice"] = tools, "none"
                 if stops:
                     request["stop"] = stops
                 try:
-                    reply = await client.chat.completions.create(**request)
+                    # The client's own transport and errors, without building the SDK's typed
+                    # request and reply objects (the SDK's heaviest part): the JSON as sent.
+                    reply = await client.post(
+                        "/chat/completions", body=request, cast_to=httpx.Response
+                    )
                 except openai.BadRequestError as exc:
                     if getattr(exc, "code", None) == "context_length_exceeded":
                         return {"reward": 0.0, "correct": False, "end_reason": "context",
                                 "tool_calls": info.get("tool_calls", 0)}  # fmt: skip
                     raise
-                text = reply.choices[0].message.content or ""
+                text = reply.json()["choices"][0]["message"]["content"] or ""
                 _, reward, terminated, truncated, info = await asyncio.to_thread(env.step, text)
                 total += float(reward)
                 if terminated or truncated:  # the verdict, and what the logs count

@@ -202,3 +202,18 @@ def test_population_batch_small_end_to_end(tmp_path, tiny_agent_dir, noise):
     assert out["rewards_match"] == 1.0 and out["episodes_identical"] == 1.0
     assert out["ratio"] == out["by_rows"]["12"]["ratio"] > 0
     assert all(r["sequential_seconds"] > 0 and r["batched_seconds"] > 0 for r in out["runs"])
+
+
+@pytest.mark.slow
+def test_serve_overhead_small_end_to_end(tmp_path, tiny_agent_dir):
+    """A small served step beside the in-process one: the same rewards and episodes (float64),
+    and every figure the JSON promises."""
+    out_file = tmp_path / "serve_overhead.json"
+    run_script(BENCHMARKS / "serve_overhead.py", "--model", tiny_agent_dir, "--dtype",
+               "float64", "--population-size", "4", "--tasks", "3", "--steps", "1",
+               "--max-new-tokens", "32", "--threads", "1", "--out", out_file)  # fmt: skip
+    out = json.loads(out_file.read_text())
+    assert out["rewards_match"] == 1.0 and out["episodes_identical"] == 1.0
+    assert out["ratio"] > 0 and out["requests_per_second"] > 0 and out["tokens_per_second"] > 0
+    assert 0 < out["turn_latency_p50"] <= out["turn_latency_p95"]
+    assert out["runs"][0]["requests"] >= 12  # every session made at least one turn
