@@ -39,16 +39,16 @@ def test_concurrent_members_never_mix_and_score_as_in_process(tiny_policy, make_
 
             async def one(item: dict) -> None:
                 openai = AsyncOpenAI(base_url=item["base_url"], api_key="x", max_retries=0)
-                create = openai.chat.completions.create
+                post = openai.post  # what copes' env loop sends its turns with
 
-                async def checked(**request):
-                    reply = await create(**request)
+                async def checked(*args, **kwargs):
+                    reply = await post(*args, **kwargs)
+                    body = reply.json()
                     member = int(item["model"].rsplit(".m", 1)[1])
-                    seen.append((item["model"], member, reply.model_extra["copes"]["member"],
-                                 reply.model))  # fmt: skip
+                    seen.append((item["model"], member, body["copes"]["member"], body["model"]))
                     return reply
 
-                openai.chat.completions.create = checked
+                openai.post = checked
                 result = await loop(openai, item["model"], item["task"])
                 answer = await http.post(f"/copes/v1/sessions/{item['session']}/reward",
                                          json=result)  # fmt: skip
