@@ -44,7 +44,8 @@ def test_episodes_through_verifiers_equal_copes_rollouts(tiny_policy):
     import gymnasium as gym
 
     from copes.agents.rollout import rollout
-    from copes.integrations.verifiers import VerifiersRollout, task_from_wire
+    from copes.envs.tasks.base import task_from_dict
+    from copes.integrations.verifiers import VerifiersRollout
 
     sampling = SamplingConfig(max_new_tokens=64, temperature=0.0)
     through = VerifiersRollout(_taskset(), batch_size=4, sampling=sampling, seed=3)
@@ -52,7 +53,7 @@ def test_episodes_through_verifiers_equal_copes_rollouts(tiny_policy):
     assert len(batch) == 4 and batch.stats.generate_calls >= 4
     assert any(t.tool_calls for t in batch)  # the tools ran inside the harness
     for trajectory, trace in zip(batch, through.last_traces, strict=True):
-        task = task_from_wire(trace.task.data.copes_task)
+        task = task_from_dict(trace.task.data.copes_task)
         env = gym.make("ToolMath-v0", tasks=[task], max_turns=3, invalid_penalty=0.2)
         try:
             [own] = rollout(tiny_policy, [env], sampling, options=[{"task": task}],

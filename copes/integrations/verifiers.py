@@ -34,7 +34,7 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import Any
 
 import verifiers.v1 as vf
@@ -44,7 +44,7 @@ from verifiers.v1.interception import InterceptionServer
 
 from copes.agents.policy import SamplingConfig
 from copes.agents.rollout import RolloutBatch, RolloutStats, Trajectory, stop_strings
-from copes.envs.tasks.base import Passage, Task
+from copes.envs.tasks.base import task_from_dict, task_to_dict
 from copes.seeding import derive_seed
 
 __all__ = [
@@ -60,25 +60,6 @@ __all__ = [
 ]
 
 HARNESS_ID = TASKSET_ID = "copes_verifiers"  # the module verifiers' loaders import
-
-
-# ---------------------------------------------------------------------- tasks
-def task_to_wire(task: Task) -> dict[str, Any]:
-    """A copes `Task` as JSON-able data (verifiers' task data must serialize)."""
-    return asdict(task)
-
-
-def task_from_wire(data: dict[str, Any]) -> Task:
-    return Task(
-        id=data["id"],
-        question=data["question"],
-        answers=tuple(data["answers"]),
-        kind=data["kind"],
-        passages=tuple(Passage(**p) for p in data.get("passages", ())),
-        source=data.get("source", ""),
-        metadata=dict(data.get("metadata", {})),
-        checks=tuple(data.get("checks", ())),
-    )
 
 
 class CopesTaskData(vf.TaskData):
@@ -121,7 +102,7 @@ class CopesTaskset(vf.Taskset[CopesTask, CopesTasksetConfig]):
         env_kwargs = {**benchmark.env_kwargs, **c.env_kwargs}
         for task in load_tasks(c.benchmark, c.split, limit=c.limit, task_seed=c.task_seed):
             data = CopesTaskData(
-                prompt=task.question, copes_task=task_to_wire(task), env_id=env_id,
+                prompt=task.question, copes_task=task_to_dict(task), env_id=env_id,
                 env_kwargs=env_kwargs,
             )  # fmt: skip
             yield CopesTask(data, c.task)
@@ -138,7 +119,7 @@ class CopesHarness(vf.Harness[vf.HarnessConfig]):
         import gymnasium as gym
         from openai import AsyncOpenAI
 
-        task = task_from_wire(data.copes_task)
+        task = task_from_dict(data.copes_task)
         env = gym.make(data.env_id, tasks=[task], disable_env_checker=True, **data.env_kwargs)
         total = 0.0
         try:

@@ -85,7 +85,7 @@ def create_app(server: Any) -> Any:
         session = server.session(request.path_params["session_id"])
         turn = parse_request(await body_of(request))
         server.check_model(turn, session)
-        server.check_sampling(turn)
+        server.check_sampling(turn, session.step.sampling)
         served = session.step
         # Inline, not in a worker thread: a turn's encoding is a few milliseconds, and a
         # thread hop per request costs more than that while the engine holds the GIL.

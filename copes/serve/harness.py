@@ -1,10 +1,11 @@
 """Harnesses: the episode functions a served step runs, and how `--harness` finds one.
 
 ``--harness module:function`` names ``async def episode(client, model, task) -> float``
-(or ``-> {"reward": float, "correct": bool}``): `client` is an `openai.AsyncOpenAI` whose
-base URL is the session's, `model` the session's model name, `task` the task as JSON
-(`copes.serve.tasks`). ``--harness env`` is copes' own environment loop run through the
-server (`EnvLoop`): the reference harness, whose episodes equal in-process rollouts.
+(or a dict: docs/serving.md): `client` is an `openai.AsyncOpenAI` whose base URL is the
+session's, `model` the session's model name, `task` the task as JSON
+(`copes.envs.tasks.base.task_to_dict`). ``--harness env`` is copes' own environment loop run
+through the server (`EnvLoop`): the reference harness, whose episodes equal in-process
+rollouts.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from copes.agents.rollout import stop_strings
-from copes.serve.tasks import task_from_dict
+from copes.envs.tasks.base import task_from_dict
 
 
 def load_harness(spec: str) -> Callable[..., Any]:

@@ -89,9 +89,10 @@ class PolicyServer:
         step: int,
         specs: Sequence[SessionSpec],
         purpose: str = "train",
+        sampling: SamplingConfig | None = None,
     ) -> ServedStep:
         """Open a step with these sessions (members named with the step; the policy's
-        sessions ``policy@VERSION``)."""
+        sessions ``policy@VERSION``), sampled with `sampling` (default: the run's)."""
         if self.open is not None:
             raise RuntimeError(f"step {self.open.step} is still open")
         names = [
@@ -101,18 +102,18 @@ class PolicyServer:
             for s in specs
         ]
         served = ServedStep(step, purpose, self.policy_version, names, specs, self.step_timeout)
+        served.sampling = sampling or self.sampling
         if purpose == "train":
             self.last_step = max(self.last_step, step)
         self.open = served
         return served
 
-    def close_step(self, served: ServedStep, updated: bool) -> None:
-        """The step is over (its update applied when `updated`): its names stop working."""
+    def close_step(self, served: ServedStep) -> None:
+        """The step is over: its sessions and member names stop working. (The policy's
+        version is the trainer's to move, after an update: `policy_version`.)"""
         served.closed = True
         if self.open is served:
             self.open = None
-        if updated:
-            self.policy_version += 1
 
     # ------------------------------------------------------------------ request side
     def session(self, session_id: str) -> Session:
@@ -186,12 +187,11 @@ class PolicyServer:
             param="model",
         )
 
-    def check_sampling(self, request: TurnRequest) -> None:
-        """A request may restate the step's temperature and top-p, not change them."""
-        for name, ours in (
-            ("temperature", self.sampling.temperature),
-            ("top_p", self.sampling.top_p),
-        ):
+    def check_sampling(self, request: TurnRequest, sampling: SamplingConfig | None = None) -> None:
+        """A request may restate the temperature and top-p it is sampled with (its step's,
+        or the run's for sessionless requests), not change them."""
+        sampling = sampling or self.sampling
+        for name, ours in (("temperature", sampling.temperature), ("top_p", sampling.top_p)):
             theirs = getattr(request, name)
             if theirs is not None and theirs != ours:
                 raise ServeError(
@@ -286,7 +286,7 @@ class PolicyServer:
         }
 
     def work_item(self, session: Session) -> dict[str, Any]:
-        from copes.serve.tasks import task_to_dict
+        from copes.envs.tasks.base import task_to_dict
 
         return {
             "session": session.id,

@@ -55,6 +55,7 @@ class ServedStep:
         self.policy_version = policy_version
         self.deadline = time.monotonic() + timeout
         self.timeout = timeout
+        self.sampling: Any = None  # what its episodes sample with (set when it runs)
         self.failed: ServeError | None = None
         self.closed = False
         self._ended = 0

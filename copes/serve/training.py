@@ -27,12 +27,12 @@ from typing import Any, Protocol
 import numpy as np
 
 from copes.agents.rollout import RolloutBatch, RolloutStats, Trajectory
+from copes.envs.tasks.base import task_to_dict
 from copes.optimizers.batched import BatchedEvaluator
 from copes.optimizers.es import MemberResult
 from copes.serve.engine import run_session_turns, run_sessions
 from copes.serve.server import PolicyServer
 from copes.serve.steps import ServedStep, SessionSpec
-from copes.serve.tasks import task_to_dict
 
 Episode = Callable[[Any, str, dict[str, Any]], Awaitable[Any]]
 
@@ -177,18 +177,13 @@ class ServedEvaluator(BatchedEvaluator):
         weight_seconds = self._load(members)
         plan = self.rollout.population_plan(step, [m.member for m in members])
         specs = [SessionSpec(e.member, e.slot, e.task, e.stream, e.seed) for e in plan]
-        served = self.server.open_step(step, specs)
+        sampling = self.rollout.sampling_of(step, members[0].member)
+        served = self.server.open_step(step, specs, sampling=sampling)
         self.last_served = served  # its sessions' records, for diagnostics and tests
         try:
-            stats = _serve_step(
-                self.server,
-                self.harness,
-                served,
-                self.population,
-                self.rollout.sampling_of(step, members[0].member),
-            )
+            stats = _serve_step(self.server, self.harness, served, self.population, sampling)
         finally:
-            self.server.close_step(served, updated=False)
+            self.server.close_step(served)
             if self.on_vllm:  # nothing else may be served with the members' adapters
                 self.stacked.unload()
         share = len(members)
@@ -227,14 +222,13 @@ class ServedRollout:
             raise ValueError("a served rollout serves the policy (member None)")
         tasks = self.rollout.tasks_of(step)
         specs = [SessionSpec(None, None, t) for t in tasks for _ in range(self.samples)]
-        served = self.server.open_step(step, specs, purpose=self.purpose)
+        sampling = self.rollout.sampling_of(step)
+        served = self.server.open_step(step, specs, purpose=self.purpose, sampling=sampling)
         start = time.perf_counter()
         try:
-            stats = _serve_step(
-                self.server, self.harness, served, policy, self.rollout.sampling_of(step)
-            )
+            stats = _serve_step(self.server, self.harness, served, policy, sampling)
         finally:
-            self.server.close_step(served, updated=False)
+            self.server.close_step(served)
         trajectories = [trajectory_of(s) for s in served.sessions]
         return RolloutBatch(
             trajectories,

@@ -71,7 +71,7 @@ def test_model_names_and_request_fields_are_refused_with_their_reason(server):
     assert s0.reward == 0.25
     assert _code(_chat(session, s0.model)) == (409, "session_ended")
     assert s0.turns == [] and s1.turns == [] and s1.reward is None  # nothing else changed
-    server.close_step(served, updated=False)
+    server.close_step(served)
     assert _code(_chat(session, s0.model)) == (404, "session_not_found")
 
 
@@ -201,3 +201,22 @@ def test_the_api_key_is_used_by_the_harness_and_never_written(tmp_path):
     for path in out.rglob("*"):
         if path.is_file():
             assert b"s3cret-k3y" not in path.read_bytes(), path
+
+
+def test_a_session_is_held_to_its_own_steps_sampling(server, tiny_policy):
+    """A validation step samples greedily while the run trains at temperature 1: its
+    sessions take temperature 0 and refuse 1 (not the run's value)."""
+    from dataclasses import replace
+
+    from copes.serve import SessionSpec
+
+    server.sampling = replace(server.sampling, temperature=1.0)
+    greedy = replace(server.sampling, temperature=0.0)
+    (task,) = _tasks(1)
+    served = server.open_step(0, [SessionSpec(None, None, task)], "validation", sampling=greedy)
+    (session,) = served.sessions
+    url = f"{server.base_url}/s/{session.id}/v1"
+    response = _chat(url, session.model, temperature=1.0)
+    assert response.status_code == 400 and "temperature=0.0" in response.json()["error"]["message"]
+    session.end(0.0)  # (a request at temperature 0 would be queued for the episode loop)
+    server.close_step(served)

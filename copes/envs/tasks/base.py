@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 TaskKind = Literal["math", "qa"]
@@ -80,3 +80,22 @@ def task_digest(task: Task) -> str:
     }
     text = json.dumps(canonical, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def task_to_dict(task: Task) -> dict[str, Any]:
+    """A task as JSON-able data: what a served harness or a verifiers taskset is given."""
+    return asdict(task)
+
+
+def task_from_dict(data: dict[str, Any]) -> Task:
+    """The task `task_to_dict` wrote."""
+    return Task(
+        id=data["id"],
+        question=data["question"],
+        answers=tuple(data["answers"]),
+        kind=data["kind"],
+        passages=tuple(Passage(**p) for p in data.get("passages", ())),
+        source=data.get("source", ""),
+        metadata=dict(data.get("metadata", {})),
+        checks=tuple(data.get("checks", ())),
+    )
