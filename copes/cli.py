@@ -204,6 +204,7 @@ def dry_run(config: Any, optimizer_overrides: dict[str, Any]) -> dict[str, Any]:
 
     from copes.agents.hf import resolve_model_path
     from copes.optimizers.memory import ModelShape, compare_optimizers
+    from copes.train import public_settings
 
     if config.model == "tiny":  # its shape, without building it (a few minutes)
         from copes.agents.tiny import model_config
@@ -243,7 +244,7 @@ def dry_run(config: Any, optimizer_overrides: dict[str, Any]) -> dict[str, Any]:
         for name, e in estimates.items()
     }
     plan = {
-        "train": {**dataclasses.asdict(config), **({"api_key": "<set>"} if config.api_key else {})},
+        "train": public_settings(config),
         "optimizer_overrides": optimizer_overrides,
         "model": {"path": path, "parameters": shape.num_parameters, "layers": shape.num_layers},
         "sequence_length_assumed": seq_len,

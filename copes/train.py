@@ -260,6 +260,14 @@ class TrainConfig:
         parse_env_kwargs(self.env_kwargs)
 
 
+def public_settings(config: TrainConfig) -> dict[str, Any]:
+    """A run's settings as they are written, reported and printed: the API key masked."""
+    settings = asdict(config)
+    if settings.get("api_key"):
+        settings["api_key"] = "<set>"
+    return settings
+
+
 def check_env_id(env_id: str) -> None:
     """`env_id` is registered with Gymnasium (``module:Id`` imports module first)."""
     import importlib
@@ -693,7 +701,7 @@ class Trainer:
         from copes.reporting import parse_report_to
 
         reporters = [r for r in parse_report_to(c.report_to) if c.tensorboard or r != "tensorboard"]
-        self.log = MetricsLog(self.run_dir, reporters, config=self._public_config(),
+        self.log = MetricsLog(self.run_dir, reporters, config=public_settings(self.config),
                               project="copes-train")  # fmt: skip
         if c.resume:
             self._resume()
@@ -781,7 +789,7 @@ class Trainer:
         optimizer_state = self.optimizer.state_dict()
         tensors = optimizer_state.pop("optimizer_tensors", None)
         state = {"budget": asdict(self.budget), "optimizer": optimizer_state,
-                 "config": self._public_config()}  # fmt: skip
+                 "config": public_settings(self.config)}  # fmt: skip
         model = self.optimizer.export_model(self.policy)
         master = self.optimizer.master_state(self.policy, model)  # e.g. fp32 beside bf16
         return save_checkpoint(
@@ -929,16 +937,9 @@ class Trainer:
                 "continue it or choose another --out-dir"
             )
 
-    def _public_config(self) -> dict[str, Any]:
-        """The run's settings as they are written and reported: the API key masked."""
-        settings = asdict(self.config)
-        if settings.get("api_key"):
-            settings["api_key"] = "<set>"
-        return settings
-
     def _run_config(self) -> dict[str, Any]:
         record = {
-            "train": self._public_config(),
+            "train": public_settings(self.config),
             "optimizer": self.optimizer.state_dict().get("config"),
         }
         return json.loads(json.dumps(record, default=str))  # compared as it is stored

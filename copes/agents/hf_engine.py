@@ -301,9 +301,9 @@ class EpisodeEngine:
         stop, limit = self.stop, self.sampling.max_new_tokens
         if self.turn_limits is not None:
             stops, limit = self.turn_limits(episode.index)
-            stop = self._stop_checks.get(stops) or self._stop_checks.setdefault(
-                stops, _StopCheck(self.policy.tokenizer, stops)
-            )
+            stop = self._stop_checks.get(stops)
+            if stop is None:
+                stop = self._stop_checks[stops] = _StopCheck(self.policy.tokenizer, stops)
         if ids[-1] in self.policy.eos_ids:
             return "eos"
         if stop(ids):

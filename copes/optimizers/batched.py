@@ -147,7 +147,8 @@ class BatchedEvaluator:
         episodes = population_size * rollout.batch_size * rollout.samples
         self.population = PopulationPolicy(policy, self.stacked, batch_size or episodes)
 
-    def evaluate(self, step: int, members: Sequence[Perturbation]) -> list[MemberResult]:
+    def check_members(self, members: Sequence[Perturbation]) -> None:
+        """A step's members must fit the population and be of its rank."""
         if len(members) > self.stacked.members:
             raise ValueError(f"{len(members)} members but room for {self.stacked.members}")
         if any(m.rank != self.rank for m in members):
@@ -155,6 +156,9 @@ class BatchedEvaluator:
                 f"this evaluator serves rank-{self.rank} members (0: full rank); the step asked "
                 f"for ranks {sorted({m.rank for m in members})}"
             )
+
+    def evaluate(self, step: int, members: Sequence[Perturbation]) -> list[MemberResult]:
+        self.check_members(members)
         weight_seconds = self._load(members)
         try:
             batches = self.rollout.population(self.population, step, [m.member for m in members])

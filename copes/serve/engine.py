@@ -26,7 +26,7 @@ from copes.agents.policy import Generation, SamplingConfig
 from copes.agents.rollout import turn_seed
 from copes.serve.sessions import PendingTurn, Session, Turn
 from copes.serve.steps import ServedStep
-from copes.serve.wire import assistant_message, chat_completion, token_logprobs
+from copes.serve.wire import turn_reply
 
 
 def run_sessions(
@@ -126,31 +126,20 @@ def _turn(
     session: Session, pending: PendingTurn, generation: Generation, chat: Any, call_format: str
 ) -> Turn:
     request = pending.request
-    text = chat.prefill + generation.text
-    message, call_reason = assistant_message(text, request.tools, call_format, request.parse_tools)
-    finish = "length" if generation.finish_reason == "length" else call_reason or "stop"
     if not session.turns:
         how = "first"
     else:
         how = "re-rendered" if isinstance(pending.ids, Reprompt) else "bridged"
     served = session.step
-    reply = chat_completion(
-        session.model,
-        message,
-        finish,
-        len(generation.prompt_token_ids),
-        len(generation.token_ids),
-        token_logprobs(chat.tokenizer, generation.token_ids, generation.logprobs)
-        if request.logprobs
-        else None,
-        {
-            "session": session.id,
-            "member": session.member,
-            "step": served.step,
-            "policy_version": served.policy_version,
-            "prompt": how,
-        },
-    )
+    extra = {
+        "session": session.id,
+        "member": session.member,
+        "step": served.step,
+        "policy_version": served.policy_version,
+        "prompt": how,
+    }
+    text = chat.prefill + generation.text
+    reply, finish = turn_reply(request, generation, text, call_format, chat.tokenizer, extra)
     return Turn(
         request_key=request.key(),
         messages=request.messages,

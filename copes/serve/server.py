@@ -14,19 +14,14 @@ import socket
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from copes.agents.policy import SamplingConfig
 from copes.serve.names import member_name, new_run_id, parse_model_name, policy_name
 from copes.serve.sessions import Session
 from copes.serve.steps import ServedStep, SessionSpec
-from copes.serve.wire import (
-    ServeError,
-    TurnRequest,
-    assistant_message,
-    chat_completion,
-    token_logprobs,
-)
+from copes.serve.wire import ServeError, TurnRequest, context_error, turn_reply
 
 logger = logging.getLogger(__name__)
 
@@ -207,64 +202,31 @@ class PolicyServer:
             names += sorted({s.model for s in self.open.sessions} - set(names))
         return names
 
-    def generate_policy(self, request: TurnRequest) -> dict[str, Any]:
-        """A sessionless turn of the current policy (not recorded)."""
+    def _generate_once(self, request: TurnRequest, ids: list[int], param: str) -> Any:
+        """One unrecorded turn of the current policy from `ids` (a sessionless request)."""
         self.check_sampling(request)
         limit = request.max_tokens or self.sampling.max_new_tokens
-        prompt = self.chat.encode_prompt(request.messages, request.tools)
-        if len(prompt) + limit > self.max_context:
-            raise ServeError(
-                400,
-                f"the conversation is {len(prompt)} tokens and the turn may "
-                f"add {limit}: over the model's context of "
-                f"{self.max_context} tokens",
-                code="context_length_exceeded",
-                param="messages",
-            )
-        from dataclasses import replace
-
+        if not ids or len(ids) + limit > self.max_context:
+            raise context_error(len(ids), limit, self.max_context, param)
         sampling = replace(self.sampling, max_new_tokens=limit, stop=request.stop, seed=None)
         with self.model_lock:
-            generation = self.policy.generate_ids([prompt], sampling)[0]
+            return self.policy.generate_ids([ids], sampling)[0]
+
+    def generate_policy(self, request: TurnRequest) -> dict[str, Any]:
+        """A sessionless chat turn of the current policy (not recorded)."""
+        prompt = self.chat.encode_prompt(request.messages, request.tools)
+        generation = self._generate_once(request, prompt, "messages")
         text = self.chat.prefill + generation.text
-        message, reason = assistant_message(
-            text, request.tools, self.call_format, request.parse_tools
+        extra = {"policy_version": self.policy_version}
+        reply, _ = turn_reply(
+            request, generation, text, self.call_format, self.chat.tokenizer, extra
         )
-        finish = "length" if generation.finish_reason == "length" else reason or "stop"
-        logprobs = (
-            token_logprobs(self.chat.tokenizer, generation.token_ids, generation.logprobs)
-            if request.logprobs
-            else None
-        )
-        return chat_completion(
-            request.model,
-            message,
-            finish,
-            len(prompt),
-            len(generation.token_ids),
-            logprobs,
-            {"policy_version": self.policy_version},
-        )
+        return reply
 
     def complete_text(self, request: TurnRequest, prompt: str) -> dict[str, Any]:
         """A sessionless text completion of the current policy (not recorded)."""
-        from dataclasses import replace
-
-        self.check_sampling(request)
-        limit = request.max_tokens or self.sampling.max_new_tokens
         ids = self.chat.encode_text(prompt)
-        if not ids or len(ids) + limit > self.max_context:
-            raise ServeError(
-                400,
-                f"the prompt is {len(ids)} tokens and the completion may add "
-                f"{limit}: it must be non-empty and fit the model's context of "
-                f"{self.max_context}",
-                code="context_length_exceeded",
-                param="prompt",
-            )
-        sampling = replace(self.sampling, max_new_tokens=limit, stop=request.stop, seed=None)
-        with self.model_lock:
-            generation = self.policy.generate_ids([ids], sampling)[0]
+        generation = self._generate_once(request, ids, "prompt")
         return {
             "id": f"cmpl-{time.time_ns():x}",
             "object": "text_completion",

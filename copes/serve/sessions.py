@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from copes.agents.hf_engine import Reprompt
-from copes.serve.wire import ServeError, TurnRequest
+from copes.serve.wire import ServeError, TurnRequest, context_error
 
 ENDED = object()  # queued when a session's reward arrives: its episode is over
 END_REASONS = ("answer", "max_turns", "context", "invalid")  # copes.agents.rollout.EndReason
@@ -135,14 +135,7 @@ class Session:
             limit = request.max_tokens or default_max
             total = bridged_len if isinstance(ids, Reprompt) else len(self.token_ids) + len(ids)
             if total + limit > context:
-                raise ServeError(
-                    400,
-                    f"the conversation is {total} tokens and the turn may add {limit}: "
-                    f"over the model's context of {context} tokens; end the episode or ask for "
-                    "fewer max_tokens",
-                    code="context_length_exceeded",
-                    param="messages",
-                )
+                raise context_error(total, limit, context)
             pending = PendingTurn(request, ids, request.stop, limit)
             self.inflight = pending
             self.inbox.put(pending)

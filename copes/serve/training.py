@@ -172,8 +172,7 @@ class ServedEvaluator(BatchedEvaluator):
         self.harness = harness
 
     def evaluate(self, step: int, members: Sequence[Any]) -> list[MemberResult]:
-        if len(members) > self.stacked.members:
-            raise ValueError(f"{len(members)} members but room for {self.stacked.members}")
+        self.check_members(members)
         weight_seconds = self._load(members)
         plan = self.rollout.population_plan(step, [m.member for m in members])
         specs = [SessionSpec(e.member, e.slot, e.task, e.stream, e.seed) for e in plan]

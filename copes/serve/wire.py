@@ -290,6 +290,46 @@ def token_logprobs(tokenizer: Any, ids: Sequence[int], logprobs: Sequence[float]
     return {"content": content}
 
 
+def context_error(total: int, limit: int, context: int, param: str = "messages") -> ServeError:
+    """The refusal of a turn that would not fit the model's context."""
+    return ServeError(
+        400,
+        f"the prompt is {total} tokens and the turn may add {limit}: over the model's context "
+        f"of {context} tokens; end the episode or ask for fewer max_tokens",
+        code="context_length_exceeded",
+        param=param,
+    )
+
+
+def turn_reply(
+    request: TurnRequest,
+    generation: Any,
+    text: str,
+    call_format: str,
+    tokenizer: Any,
+    extra: dict[str, Any],
+) -> tuple[dict[str, Any], str]:
+    """The chat.completion of a sampled turn (`text`: what the assistant wrote, pre-fill
+    included) and its finish reason: ``length``, ``tool_calls`` or ``stop``."""
+    message, call_reason = assistant_message(text, request.tools, call_format, request.parse_tools)
+    finish = "length" if generation.finish_reason == "length" else call_reason or "stop"
+    logprobs = (
+        token_logprobs(tokenizer, generation.token_ids, generation.logprobs)
+        if request.logprobs
+        else None
+    )
+    reply = chat_completion(
+        request.model,
+        message,
+        finish,
+        len(generation.prompt_token_ids),
+        len(generation.token_ids),
+        logprobs,
+        extra,
+    )
+    return reply, finish
+
+
 def chat_completion(
     model: str,
     message: dict[str, Any],
