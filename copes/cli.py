@@ -199,7 +199,11 @@ def vllm_slot_rank(rank: int) -> int | None:
 
 
 def dry_run(config: Any, optimizer_overrides: dict[str, Any]) -> dict[str, Any]:
-    """The plan: settings, the model's shape, and the theoretical memory of each optimizer."""
+    """The plan: settings, the model's shape, and the theoretical memory of each optimizer.
+
+    Any decoder transformers builds as a causal LM: the shape comes from its config alone,
+    the model built on the meta device (no weights read, nothing allocated).
+    """
     from transformers import AutoConfig
 
     from copes.agents.hf import resolve_model_path
@@ -246,7 +250,13 @@ def dry_run(config: Any, optimizer_overrides: dict[str, Any]) -> dict[str, Any]:
     plan = {
         "train": public_settings(config),
         "optimizer_overrides": optimizer_overrides,
-        "model": {"path": path, "parameters": shape.num_parameters, "layers": shape.num_layers},
+        # counted on the meta device; layer types, window, linear state, experts (if any)
+        "model": {
+            "path": path,
+            "parameters": shape.num_parameters,
+            "layers": shape.num_layers,
+            **shape.describe(),
+        },
         "sequence_length_assumed": seq_len,
         "memory_bytes": memory,
     }

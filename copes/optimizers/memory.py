@@ -14,8 +14,19 @@ docs/memory.md. Sources of the formulas:
   SwiGLU, no dropout) with FlashAttention (Dao et al. 2022), which stores no s x s matrix.
 - KV cache: keys and values of every layer, KV head, head dimension and token,
   2 * layers * kv_heads * head_dim * tokens * dtype_bytes (Pope et al. 2022, "Efficiently
-  Scaling Transformer Inference", Sec. 2; Kwon et al. 2023, PagedAttention/vLLM).
+  Scaling Transformer Inference", Sec. 2; Kwon et al. 2023, PagedAttention/vLLM). A
+  sliding-window layer keeps only the last `sliding_window` tokens (Beltagy et al. 2020,
+  Longformer; Jiang et al. 2023, Mistral 7B, Sec. 2 "rolling buffer cache").
+- Linear attention (Gated DeltaNet, Yang et al. 2024, arXiv:2412.06464, as in Qwen3-Next and
+  Qwen3.5): no KV cache but a fixed-size state per sequence, a d_k x d_v matrix per value head
+  (fp32) and the short convolution's last kernel-size inputs (transformers'
+  `LinearAttentionLayer`; the kernels of fla-org/flash-linear-attention, `chunk.py`).
+- Mixture of experts: each token runs k of E routed experts (Shazeer et al. 2017; Fedus et
+  al. 2022, Switch Transformers) plus any shared experts (Dai et al. 2024, DeepSeekMoE).
 - LoRA: rank-r factors A (r x in) and B (out x r) per adapted linear, Hu et al. 2021.
+
+The parameter count, and which modules are experts, adapted linears or matrices, come from
+the model transformers builds from the config on the meta device (no weights, no memory).
 
 Not modeled: the CUDA context and kernels' workspaces (~0.5-1 GiB), allocator fragmentation,
 communication buffers, and the transient gradient tensors of the layer being back-propagated.
@@ -24,16 +35,83 @@ communication buffers, and the transient gradient tensors of the layer being bac
 from __future__ import annotations
 
 import argparse
+import math
+import re
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
+from functools import partial
 from typing import Any, Literal
 
+from copes.errors import UserError, one_line
+from copes.optimizers.configs import LORA_TARGETS
 from copes.optimizers.table import OPTIMIZERS as _TABLE
 
 GIB = 1 << 30
 OptimizerName = Literal["es", "copes", "grpo", "lora-grpo"]
 OPTIMIZERS: tuple[str, ...] = tuple(_TABLE)  # the optimizer table's order
-_KNOWN_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+FULL, SLIDING, LINEAR = "full_attention", "sliding_attention", "linear_attention"
+# Older names transformers still reads (configuration_utils._LEGACY_LAYER_TYPE_REMAP).
+_LEGACY_LAYER_TYPES = {"attention": FULL}
+# Config fields of layers whose state the model does not count: refused, not guessed.
+_UNMODELED = {
+    "kv_lora_rank": "multi-head latent attention (kv_lora_rank)",
+    "state_size": "Mamba state-space layers",
+    "ssm_state_size": "Mamba state-space layers",
+    "mamba_d_state": "Mamba state-space layers",
+    "mamba_n_heads": "Mamba state-space layers",
+    "block_types": "recurrent (RG-LRU) blocks",
+}
+_GDN_FIELDS = (
+    "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+    "linear_value_head_dim", "linear_conv_kernel_dim",
+)  # fmt: skip
+_GDN_CHUNK = 64  # fla's chunk_gated_delta_rule works on 64-token chunks
+
+
+@dataclass(frozen=True)
+class GatedDeltaNet:
+    """The shapes of a Gated DeltaNet linear-attention layer (Yang et al. 2024): q and k of
+    `num_key_heads` x `key_head_dim`, v of `num_value_heads` x `value_head_dim`, a causal
+    depthwise convolution of `conv_kernel` taps over [q | k | v]."""
+
+    num_key_heads: int
+    num_value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    conv_kernel: int
+
+    @property
+    def key_dim(self) -> int:
+        return self.num_key_heads * self.key_head_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.num_value_heads * self.value_head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.key_dim + self.value_dim
+
+    def state_bytes(self, dtype_bytes: int = 2) -> int:
+        """One sequence's state: the fp32 recurrent state [value heads, d_k, d_v] and the conv
+        state [conv_dim, kernel] in the working dtype (transformers' LinearAttentionLayer
+        holds both tensors at these shapes; fla returns the final state in fp32)."""
+        recurrent = self.num_value_heads * self.key_head_dim * self.value_head_dim * 4
+        return recurrent + self.conv_dim * self.conv_kernel * dtype_bytes
+
+
+@dataclass(frozen=True)
+class Experts:
+    """The routed experts of the MoE layers `layers`: each token runs `per_token` of
+    `num_experts` experts of MLP width `intermediate_size`, plus shared experts of total width
+    `shared_intermediate_size` that every token runs."""
+
+    num_experts: int
+    per_token: int
+    intermediate_size: int
+    shared_intermediate_size: int = 0
+    layers: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -41,6 +119,10 @@ class ModelShape:
     """The shapes of a decoder-only transformer that set its memory (Llama/Qwen layout).
 
     `qk_norm` marks Qwen3's per-head RMSNorm on queries and keys (more saved activations).
+    `layer_types` gives each layer's token mixer (full, sliding-window or linear attention;
+    empty: all full). `linear_attention` and `experts` are set for models that have them.
+    `num_active_parameters` (MoE: the parameters one token runs), `rows_plus_cols` and
+    `lora_in_plus_out` come from the built model; None means the Llama closed form.
     """
 
     num_parameters: int
@@ -53,62 +135,233 @@ class ModelShape:
     vocab_size: int
     tie_word_embeddings: bool
     qk_norm: bool = False
+    layer_types: tuple[str, ...] = ()
+    sliding_window: int | None = None
+    linear_attention: GatedDeltaNet | None = None
+    experts: Experts | None = None
+    num_active_parameters: int | None = None
+    rows_plus_cols: int | None = None
+    lora_in_plus_out: int | None = None
+
+    @property
+    def types(self) -> tuple[str, ...]:
+        """The token mixer of every layer."""
+        return self.layer_types or (FULL,) * self.num_layers
+
+    @property
+    def active_parameters(self) -> int:
+        """Parameters one token runs through: all but the routed experts it is not sent to."""
+        if self.num_active_parameters is None:
+            return self.num_parameters
+        return self.num_active_parameters
+
+    def describe(self) -> dict[str, Any]:
+        """What a plan reports beside the counts: layer types, window, state, experts."""
+        out: dict[str, Any] = {
+            "active_parameters": self.active_parameters,
+            "layer_types": dict(Counter(self.types)),
+        }
+        if self.sliding_window is not None:
+            out["sliding_window"] = self.sliding_window
+        if self.linear_attention is not None:
+            out["linear_attention"] = {
+                **asdict(self.linear_attention),
+                "state_bytes_per_sequence_and_layer": self.linear_attention.state_bytes(),
+            }
+        if self.experts is not None:
+            out["experts"] = {**asdict(self.experts), "layers": len(self.experts.layers)}
+        return out
 
     @classmethod
     def from_config(cls, config: Any, num_parameters: int | None = None) -> ModelShape:
-        """From a transformers config (Llama, Qwen2, Qwen3); counts the parameters if not given.
+        """From a transformers config of any decoder transformers can build as a causal LM.
 
-        Other Llama-style model types are accepted when `num_parameters` is given (as
-        `from_model` does). Hybrid models whose layers are not all full attention (sliding
-        window, linear attention as in Qwen3.5 / Qwen3-Next) are refused: their KV cache is not
-        `num_layers` full-length caches.
+        The model is built on the meta device (shapes, no weights): it gives the exact
+        parameter count (`num_parameters` overrides it), the experts and the adapted linears.
+        Layers the memory model does not count (Mamba, multi-head latent attention, other
+        linear attentions than Gated DeltaNet) are refused with a UserError, not guessed.
         """
-        config = getattr(config, "text_config", None) or config
-        model_type = getattr(config, "model_type", "")
-        other_layers = sorted(set(getattr(config, "layer_types", None) or []) - {"full_attention"})
-        if other_layers or getattr(config, "use_sliding_window", False):
-            raise ValueError(
-                f"{model_type} config has {other_layers or 'sliding-window'} layers; the model "
-                "only covers decoders whose layers are all full attention"
-            )
-        heads = config.num_attention_heads
-        shape = cls(
-            num_parameters=0,
-            num_layers=config.num_hidden_layers,
-            hidden_size=config.hidden_size,
-            intermediate_size=config.intermediate_size,
-            num_attention_heads=heads,
-            num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
-            head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
-            vocab_size=config.vocab_size,
-            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
-            qk_norm=model_type == "qwen3",
-        )
-        if num_parameters is None:
-            if model_type not in _KNOWN_MODEL_TYPES:
-                raise ValueError(
-                    f"cannot count the parameters of model_type {model_type!r} (known: "
-                    f"{', '.join(_KNOWN_MODEL_TYPES)}); pass num_parameters= or use from_model"
-                )
-            num_parameters = _count_parameters(
-                shape,
-                qkv_bias=model_type == "qwen2" or bool(getattr(config, "attention_bias", False)),
-                o_bias=model_type != "qwen2" and bool(getattr(config, "attention_bias", False)),
-                mlp_bias=bool(getattr(config, "mlp_bias", False)),
-            )
-        return cls(**{**asdict(shape), "num_parameters": int(num_parameters)})
+        return cls._from(config, _empty_model(config), num_parameters)
 
     @classmethod
     def from_model(cls, model: Any) -> ModelShape:
         """From a transformers model: shapes from `model.config`, the parameter count from the
         model itself (tied weights counted once)."""
-        return cls.from_config(
-            model.config, num_parameters=sum(p.numel() for p in model.parameters())
+        return cls._from(model.config, model, None)
+
+    @classmethod
+    def _from(cls, config: Any, model: Any, num_parameters: int | None) -> ModelShape:
+        text = getattr(config, "text_config", None) or config
+        model_type = getattr(text, "model_type", "") or type(text).__name__
+        for name, what in _UNMODELED.items():
+            if getattr(text, name, None):
+                raise UserError(
+                    f"{model_type}: its {what} are not in the memory model (it counts full, "
+                    "sliding-window and Gated DeltaNet linear attention, dense and MoE MLPs)"
+                )
+        try:
+            heads, hidden = text.num_attention_heads, text.hidden_size
+            num_layers = text.num_hidden_layers
+        except AttributeError as exc:
+            raise UserError(f"{model_type} config is not a decoder's ({exc})") from None
+        types, window = _layer_types(text, model_type, num_layers)
+        linear = None
+        if LINEAR in types:
+            linear = GatedDeltaNet(*(int(getattr(text, f)) for f in _GDN_FIELDS))
+        facts = _inspect(model, text, model_type)
+        total = facts["parameters"] if num_parameters is None else int(num_parameters)
+        return cls(
+            num_parameters=total,
+            num_layers=num_layers,
+            hidden_size=hidden,
+            intermediate_size=getattr(text, "intermediate_size", None) or 4 * hidden,
+            num_attention_heads=heads,
+            num_kv_heads=getattr(text, "num_key_value_heads", None) or heads,
+            head_dim=getattr(text, "head_dim", None) or hidden // heads,
+            vocab_size=text.vocab_size,
+            tie_word_embeddings=bool(getattr(text, "tie_word_embeddings", False)),
+            qk_norm=facts["qk_norm"],
+            layer_types=() if set(types) == {FULL} else tuple(types),
+            sliding_window=window,
+            linear_attention=linear,
+            experts=facts["experts"],
+            num_active_parameters=None if facts["experts"] is None else total - facts["idle"],
+            rows_plus_cols=facts["rows_plus_cols"],
+            lora_in_plus_out=facts["lora_in_plus_out"],
         )
 
 
+def _layer_types(config: Any, model_type: str, num_layers: int) -> tuple[list[str], int | None]:
+    """Each layer's token mixer and the sliding window, as transformers' caches read them
+    (cache_utils.get_layer_types_and_kwargs): `layer_types` if the config has it (Gemma 3,
+    gpt-oss, Qwen3.5, Qwen2 since transformers 4.53), else sliding for every layer where
+    `sliding_window` is set (Mistral, Phi-3) unless `use_sliding_window` is off (Qwen2: then
+    layers from `max_window_layers` on), chunked where `attention_chunk_size` is, else full.
+    A chunked layer (Llama 4) is cached as a sliding one of the chunk's size."""
+    window = getattr(config, "sliding_window", None) or None
+    types = getattr(config, "layer_types", None)
+    if types is None:
+        use = getattr(config, "use_sliding_window", None)
+        first = getattr(config, "max_window_layers", 0) if use else 0
+        if window is not None and use is not False:
+            types = [SLIDING if i >= first else FULL for i in range(num_layers)]
+        elif getattr(config, "attention_chunk_size", None):
+            types = ["chunked_attention"] * num_layers
+        else:
+            types = [FULL] * num_layers
+    types = [_LEGACY_LAYER_TYPES.get(t, t) for t in types]
+    if "chunked_attention" in types:
+        if SLIDING in types:
+            raise UserError(f"{model_type}: both sliding and chunked layers are not modeled")
+        types = [SLIDING if t == "chunked_attention" else t for t in types]
+        window = config.attention_chunk_size
+    if len(types) != num_layers:
+        raise UserError(
+            f"{model_type}: layer_types names {len(types)} layers, num_hidden_layers is "
+            f"{num_layers}"
+        )
+    if other := sorted(set(types) - {FULL, SLIDING, LINEAR}):
+        raise UserError(
+            f"{model_type}: layer type(s) {', '.join(other)} are not in the memory model (it "
+            "counts full_attention, sliding_attention and Gated DeltaNet linear_attention)"
+        )
+    if SLIDING in types and not window:
+        raise UserError(f"{model_type}: sliding_attention layers but no sliding_window")
+    if LINEAR in types and any(getattr(config, f, None) is None for f in _GDN_FIELDS):
+        raise UserError(
+            f"{model_type}: its linear_attention layers are not Gated DeltaNet (no "
+            f"{', '.join(_GDN_FIELDS)}): their state is not in the memory model"
+        )
+    return types, window if SLIDING in types else None
+
+
+def _empty_model(config: Any) -> Any:
+    """The causal LM transformers builds from `config`, on the meta device: every parameter
+    at its real shape, no memory allocated and no weights read."""
+    import copy
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(copy.deepcopy(config))
+    except Exception as exc:  # any failure to build is the config's: say so in one line
+        model_type = getattr(config, "model_type", None) or type(config).__name__
+        why = one_line(exc).split(". ")[0]  # not transformers' list of every known config
+        raise UserError(
+            f"transformers cannot build {model_type!r} as a causal LM ({why[:300]}); give the "
+            "config of a decoder-only model"
+        ) from exc
+
+
+def _inspect(model: Any, config: Any, model_type: str) -> dict[str, Any]:
+    """What the built model says: its parameters (shared ones once), whether attention has
+    q/k norms, its routed and shared experts and the routed parameters a token does not run,
+    the rows + columns of its matrices and the in + out of the linears LoRA adapts."""
+    import torch
+
+    params = list(model.parameters())  # shared (tied) parameters once
+    rows_plus_cols = sum(
+        p.shape[0] + math.prod(p.shape[1:]) for p in params if p.is_floating_point() and p.dim() > 1
+    )  # a matrix is rows x the product of its other dims (copes.optimizers.perturb)
+    lora = qk_norm = 0
+    routed: dict[int, tuple[int, int]] = {}  # layer -> (experts, their parameters)
+    shared: dict[int, int] = {}
+    for name, module in model.named_modules():
+        last = name.rsplit(".", 1)[-1]
+        if isinstance(module, torch.nn.Linear) and last in LORA_TARGETS:  # PEFT matches names
+            lora += module.in_features + module.out_features
+        if last in ("q_norm", "k_norm") and any(True for _ in module.parameters()):
+            qk_norm = True
+        if last not in ("experts", "shared_expert", "shared_experts", "shared_mlp"):
+            continue
+        layer = re.search(r"\.(\d+)\.", f".{name}")  # model.layers.<i>.mlp.experts
+        owned = list(module.parameters())
+        if layer is None or not owned:
+            continue
+        if last == "experts":  # fused [E, ...] tensors, or a ModuleList of E MLPs
+            count = len(module) if isinstance(module, torch.nn.ModuleList) else owned[0].shape[0]
+            routed[int(layer.group(1))] = (int(count), sum(p.numel() for p in owned))
+        else:
+            shared[int(layer.group(1))] = sum(p.numel() for p in owned)
+    facts: dict[str, Any] = {
+        "parameters": sum(p.numel() for p in params),
+        "qk_norm": bool(qk_norm),
+        "experts": None,
+        "idle": 0,
+        "rows_plus_cols": rows_plus_cols,
+        "lora_in_plus_out": lora,
+    }
+    if not routed:
+        return facts
+    k = _first_int(config, ("num_experts_per_tok", "moe_k", "moe_topk", "top_k"))
+    if not k:
+        raise UserError(f"{model_type}: MoE layers but no num_experts_per_tok in the config")
+    # the config's count where it names one (a fused tensor's first dim is E, but not always)
+    named = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+    num_experts = _first_int(config, named) or max(e for e, _ in routed.values())
+    hidden = config.hidden_size
+    facts["idle"] = sum(n * (num_experts - k) // num_experts for _, n in routed.values())
+    facts["experts"] = Experts(
+        num_experts=num_experts,
+        per_token=int(k),
+        intermediate_size=getattr(config, "moe_intermediate_size", None)
+        or config.intermediate_size,
+        # a shared expert is a gated MLP: gate, up (h x i) and down (i x h)
+        shared_intermediate_size=max(shared.values(), default=0) // (3 * hidden),
+        layers=tuple(sorted(i for i in routed if i < config.num_hidden_layers)),
+    )
+    return facts
+
+
+def _first_int(config: Any, names: Sequence[str]) -> int | None:
+    return next((v for n in names if isinstance(v := getattr(config, n, None), int)), None)
+
+
 def _count_parameters(shape: ModelShape, *, qkv_bias: bool, o_bias: bool, mlp_bias: bool) -> int:
-    """Parameters of a Llama/Qwen decoder, layer by layer as transformers builds it."""
+    """Parameters of a Llama/Qwen decoder, layer by layer as transformers builds it (a test
+    checks it against the meta-device count)."""
     h, i, d = shape.hidden_size, shape.intermediate_size, shape.head_dim
     q, kv = shape.num_attention_heads * d, shape.num_kv_heads * d
     attention = h * q + 2 * h * kv + q * h  # q, k, v, o projections
@@ -117,6 +370,22 @@ def _count_parameters(shape: ModelShape, *, qkv_bias: bool, o_bias: bool, mlp_bi
     norms = 2 * h + (2 * d if shape.qk_norm else 0)  # input/post-attention (+ q_norm, k_norm)
     embeddings = shape.vocab_size * h * (1 if shape.tie_word_embeddings else 2)
     return shape.num_layers * (attention + mlp + norms) + embeddings + h  # + final norm
+
+
+def _llama_rows_plus_cols(shape: ModelShape) -> int:
+    """Rows + columns of a Llama/Qwen decoder's matrices (biases and norms are vectors)."""
+    h, i, hd = shape.hidden_size, shape.intermediate_size, shape.head_dim
+    q, kv = shape.num_attention_heads * hd, shape.num_kv_heads * hd
+    per_layer = (q + h) + 2 * (kv + h) + (h + q) + 2 * (i + h) + (h + i)
+    heads = 1 if shape.tie_word_embeddings else 2  # embeddings (and an untied LM head)
+    return shape.num_layers * per_layer + heads * (shape.vocab_size + h)
+
+
+def _llama_lora_in_plus_out(shape: ModelShape) -> int:
+    """in + out of the seven linears of every Llama/Qwen layer (q, k, v, o, gate, up, down)."""
+    h, i = shape.hidden_size, shape.intermediate_size
+    q, kv = shape.num_attention_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+    return shape.num_layers * ((h + q) + 2 * (h + kv) + (q + h) + 3 * (h + i))
 
 
 # Qwen3-4B, from its public config.json (huggingface.co/Qwen/Qwen3-4B). The paper trains
@@ -133,13 +402,11 @@ _QWEN3_4B = ModelShape(
     tie_word_embeddings=True,
     qk_norm=True,
 )
-QWEN3_4B = ModelShape(
-    **{
-        **asdict(_QWEN3_4B),
-        "num_parameters": _count_parameters(
-            _QWEN3_4B, qkv_bias=False, o_bias=False, mlp_bias=False
-        ),
-    }
+QWEN3_4B = replace(
+    _QWEN3_4B,
+    num_parameters=_count_parameters(_QWEN3_4B, qkv_bias=False, o_bias=False, mlp_bias=False),
+    rows_plus_cols=_llama_rows_plus_cols(_QWEN3_4B),
+    lora_in_plus_out=_llama_lora_in_plus_out(_QWEN3_4B),
 )  # 4,022,468,096 parameters
 PRESETS: dict[str, ModelShape] = {"qwen3-4b": QWEN3_4B}
 
@@ -151,6 +418,8 @@ class MemoryEstimate:
 
     `total` is GPU memory; `host_master_weights` (CPU RAM) is reported but not in `total`.
     For ES/CoPES `activations` and `logits` are the transient ones of generation.
+    `kv_cache` holds the attention layers' keys and values and the linear-attention layers'
+    fixed-size states: what generation keeps per sequence.
     """
 
     optimizer: str
@@ -192,17 +461,39 @@ class MemoryEstimate:
 
 def matrix_rows_and_cols(shape: ModelShape) -> int:
     """Sum over the model's matrices of rows + columns: a rank-1 factor pair of each."""
-    h, i, hd = shape.hidden_size, shape.intermediate_size, shape.head_dim
-    q, kv = shape.num_attention_heads * hd, shape.num_kv_heads * hd
-    per_layer = (q + h) + 2 * (kv + h) + (h + q) + 2 * (i + h) + (h + i)
-    heads = 1 if shape.tie_word_embeddings else 2  # embeddings (and an untied LM head)
-    return shape.num_layers * per_layer + heads * (shape.vocab_size + h)
+    if shape.rows_plus_cols is not None:
+        return shape.rows_plus_cols
+    return _llama_rows_plus_cols(shape)
 
 
 def kv_cache_bytes(shape: ModelShape, seq_len: int, batch_size: int, dtype_bytes: int = 2) -> int:
-    """Keys and values of `batch_size` sequences of `seq_len` tokens (Pope et al. 2022)."""
-    per_token = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * dtype_bytes
-    return per_token * seq_len * batch_size
+    """Keys and values of `batch_size` sequences of `seq_len` tokens (Pope et al. 2022): a full
+    attention layer caches every token, a sliding-window one the last min(seq_len, window)
+    (the rolling buffer of Jiang et al. 2023; transformers keeps window - 1 between steps and
+    the new token beside them), a linear-attention layer none (`linear_state_bytes`)."""
+    per_token = 2 * shape.num_kv_heads * shape.head_dim * dtype_bytes  # one layer's K and V
+    counts = Counter(shape.types)
+    window = min(seq_len, shape.sliding_window or seq_len)
+    tokens = counts[FULL] * seq_len + counts[SLIDING] * window
+    return per_token * tokens * batch_size
+
+
+def linear_state_bytes(shape: ModelShape, batch_size: int, dtype_bytes: int = 2) -> int:
+    """The fixed-size states of the linear-attention layers (Gated DeltaNet: fp32 recurrent
+    state and conv state, `GatedDeltaNet.state_bytes`), whatever the sequence length."""
+    if shape.linear_attention is None:
+        return 0
+    layers = Counter(shape.types)[LINEAR]
+    return layers * batch_size * shape.linear_attention.state_bytes(dtype_bytes)
+
+
+def _mlp_width(shape: ModelShape, layer: int) -> int:
+    """The MLP width a token runs in `layer`: the dense intermediate size, or in an MoE layer
+    its k routed experts' and the shared experts' widths."""
+    experts = shape.experts
+    if experts is None or layer not in experts.layers:
+        return shape.intermediate_size
+    return experts.per_token * experts.intermediate_size + experts.shared_intermediate_size
 
 
 def layer_activation_bytes(
@@ -212,8 +503,10 @@ def layer_activation_bytes(
     dtype_bytes: int = 2,
     flash: bool = True,
     fused_rmsnorm: bool = True,
+    layer: int = 0,
 ) -> int:
-    """What one decoder layer saves for backward, counted as in Korthikanti et al. 2022 Sec. 4.1.
+    """What decoder layer `layer` saves for backward, counted as in Korthikanti et al. 2022
+    Sec. 4.1.
 
     Per token, in 16-bit: the two RMSNorm inputs (the residual stream before attention and
     before the MLP), the normed inputs of the q/k/v and gate/up projections (4h); Q, K, V and the
@@ -224,28 +517,66 @@ def layer_activation_bytes(
     of its input and the normalized value before the weight instead: 4 more bytes per normed
     element. Without FlashAttention the attention probabilities add a*s per token in 16-bit
     (Korthikanti's 5as^2b term without the dropout mask and output: attention dropout is 0).
+    A sliding-window layer saves what a full one does (FlashAttention's window is a mask).
+
+    A Gated DeltaNet layer saves instead, with fla's kernels: the convolution's input [q|k|v]
+    (causal-conv1d recomputes its output), the l2-normed q and k, v, beta and the 64-wide
+    chunk matrix A per value head (`ChunkGatedDeltaRuleFunction.forward`), the core output, z
+    and the gated norm's output (out_proj's input); in fp32 the q/k l2-norm 1/norm per key
+    head, the decay g, softplus's input and output and the gated norm's 1/rms per value head.
+    An MoE layer's MLP saves, per routed expert a token runs, its gathered input, the SwiGLU
+    tensors of its width and its output before the routing weight (k*(2h + 4*i_e)), the shared
+    experts' SwiGLU tensors, and the router's fp32 probabilities (E per token).
     """
     h, i = shape.hidden_size, shape.intermediate_size
     q, kv = shape.num_attention_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
-    elements = 4 * h + 2 * q + 2 * kv + 4 * i + (q + kv if shape.qk_norm else 0)
-    if not flash:
-        elements += shape.num_attention_heads * seq_len
-    fp32_rows = 2 + shape.num_attention_heads  # norm 1/rms, log-sum-exp
-    normed = 2 * h  # elements through an RMSNorm
-    if shape.qk_norm:
-        fp32_rows += shape.num_attention_heads + shape.num_kv_heads
-        normed += q + kv
+    elements, fp32_rows, normed = 4 * h, 2, 2 * h  # norm inputs/outputs; norm 1/rms; normed
+    gdn = shape.linear_attention
+    if shape.types[layer] == LINEAR and gdn is not None:
+        heads_k, heads_v, vd = gdn.num_key_heads, gdn.num_value_heads, gdn.value_dim
+        elements += gdn.conv_dim + 2 * gdn.key_dim + 4 * vd + (1 + _GDN_CHUNK) * heads_v
+        fp32_rows += 2 * heads_k + 4 * heads_v
+        normed += vd
+    else:
+        elements += 2 * q + 2 * kv + (q + kv if shape.qk_norm else 0)
+        fp32_rows += shape.num_attention_heads  # log-sum-exp
+        if not flash:
+            elements += shape.num_attention_heads * seq_len
+        if shape.qk_norm:
+            fp32_rows += shape.num_attention_heads + shape.num_kv_heads
+            normed += q + kv
+    experts = shape.experts
+    if experts is not None and layer in experts.layers:
+        k, width = experts.per_token, experts.intermediate_size
+        elements += k * (2 * h + 4 * width) + 4 * experts.shared_intermediate_size
+        fp32_rows += experts.num_experts
+    else:
+        elements += 4 * i
     unfused = 0 if fused_rmsnorm else 4 * normed
     return seq_len * batch_size * (elements * dtype_bytes + 4 * fp32_rows + unfused)
 
 
+def _per_layer_activations(
+    shape: ModelShape, seq_len: int, batch_size: int, *args: Any
+) -> list[int]:
+    """`layer_activation_bytes` of every layer, computed once per kind of layer."""
+    kinds: dict[tuple[str, int], int] = {}
+    out = []
+    for layer, mixer in enumerate(shape.types):
+        kind = (mixer, _mlp_width(shape, layer))
+        if kind not in kinds:
+            kinds[kind] = layer_activation_bytes(shape, seq_len, batch_size, *args, layer=layer)
+        out.append(kinds[kind])
+    return out
+
+
 def lora_parameters(shape: ModelShape, rank: int) -> int:
-    """LoRA parameters r*(in + out) on all seven linears of every layer (q, k, v, o, gate, up,
-    down; PEFT's "all-linear" without lm_head), Hu et al. 2021."""
-    h, i = shape.hidden_size, shape.intermediate_size
-    q, kv = shape.num_attention_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
-    per_layer = (h + q) + 2 * (h + kv) + (q + h) + 3 * (h + i)
-    return shape.num_layers * rank * per_layer
+    """LoRA parameters r*(in + out) on every linear named like the default targets (q, k, v,
+    o, gate, up, down; PEFT matches module names, so fused MoE experts and Gated DeltaNet's
+    projections get none), Hu et al. 2021."""
+    if shape.lora_in_plus_out is not None:
+        return rank * shape.lora_in_plus_out
+    return rank * _llama_lora_in_plus_out(shape)
 
 
 def estimate_memory(
@@ -309,6 +640,10 @@ def estimate_memory(
     params, h, vocab = shape.num_parameters, shape.hidden_size, shape.vocab_size
     kv_bytes = kv_cache_dtype_bytes or dtype_bytes
 
+    def cache(sequences: int) -> int:  # K/V of the attention layers, linear layers' states
+        kv = kv_cache_bytes(shape, seq_len, sequences, kv_bytes)
+        return kv + linear_state_bytes(shape, sequences, dtype_bytes)
+
     if optimizer in ("es", "copes"):
         # Inference only: one perturbed model generates; nothing of size d but the weights.
         # The population is evaluated member after member on the same weights, perturbed in
@@ -316,6 +651,7 @@ def estimate_memory(
         # CoPES's subspace noise is regenerated chunk by chunk from seeds like ES's, so the two
         # differ only by the int64 permutation that deals a chunk's coordinates to subspaces.
         tokens = min(seq_len * batch_size, prefill_chunk_tokens)
+        width, layers = partial(_mlp_width, shape), range(shape.num_layers)
         # perturb/update temporaries per chunk coordinate: noise, fp32 upcast or accumulator,
         # scaled noise, master slice (4 x fp32); CoPES adds the permutation and its index (int64)
         workspace = chunk_size * (16 + (16 if optimizer == "copes" else 0))
@@ -324,10 +660,11 @@ def estimate_memory(
             weights=params * dtype_bytes,
             master_weights=4 * params if master_on_gpu else 0,
             host_master_weights=0 if master_on_gpu else 4 * params,
-            kv_cache=kv_cache_bytes(shape, seq_len, batch_size, kv_bytes),
+            kv_cache=cache(batch_size),
             # peak of one layer's forward over a prefill chunk, at the MLP: residual stream and
-            # normed input (2h), gate activation, up, their product (3i)
-            activations=tokens * (2 * h + 3 * shape.intermediate_size) * dtype_bytes,
+            # normed input (2h), gate activation, up, their product (3i; an MoE layer's i is
+            # its active experts' widths), at the widest layer
+            activations=tokens * (2 * h + 3 * max(map(width, layers))) * dtype_bytes,
             logits=batch_size * vocab * 4,  # fp32 logits of the next token, for sampling
             perturbation_workspace=workspace,
             population_weights=0 if population_rank else population_copies * params * dtype_bytes,
@@ -341,18 +678,18 @@ def estimate_memory(
 
     # GRPO and LoRA-GRPO: backprop through every layer, so the same activations and logits.
     tokens = seq_len * batch_size
-    layer = layer_activation_bytes(
+    per_layer = _per_layer_activations(
         shape, seq_len, batch_size, dtype_bytes, flash_attention, fused_rmsnorm
     )
     if gradient_checkpointing:  # every layer's input, plus one layer recomputed in backward
-        activations = shape.num_layers * tokens * h * dtype_bytes + layer
+        activations = shape.num_layers * tokens * h * dtype_bytes + max(per_layer)
     else:
-        activations = shape.num_layers * layer
+        activations = sum(per_layer)
     activations += 2 * tokens * h * dtype_bytes  # final-norm input and lm_head input
     logit_tokens = tokens if logits_chunk_tokens is None else min(tokens, logits_chunk_tokens)
     logits = logit_tokens * vocab * (4 + 4)  # fp32 logits + fp32 log-softmax saved for backward
     rollout = rollout_batch_size or batch_size
-    kv_cache = kv_cache_bytes(shape, seq_len, rollout, kv_bytes) if colocated_rollout else 0
+    kv_cache = cache(rollout) if colocated_rollout else 0
 
     if optimizer == "grpo":  # ZeRO's 16 bytes per parameter (Rajbhandari et al. 2020)
         return MemoryEstimate(
@@ -470,8 +807,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         logits_chunk_tokens=args.logits_chunk_tokens,
     )
     kwargs |= dict(batch_size=args.batch_size, generation_batch_size=args.generation_batch_size)
+    active = shape.active_parameters
+    per_token = f" ({active:,} active per token)" if active != shape.num_parameters else ""
     out = [
-        f"{args.model}: {shape.num_parameters:,} parameters; GRPO micro-batch {args.batch_size}, "
+        f"{args.model}: {shape.num_parameters:,} parameters{per_token}; GRPO micro-batch "
+        f"{args.batch_size}, "
         f"generation batch {args.generation_batch_size or args.batch_size}",
         "",
         format_memory_table(memory_table(shape, args.seq_lens, **kwargs)),
