@@ -81,6 +81,8 @@ def vllm_name(model: torch.nn.Module, hf_name: str) -> tuple[str, Any]:
         prefix += rest.split(".", 1)[0] + "."
     if part is None:  # models that describe their fused layers only by packed_modules_mapping
         for fused, parts in getattr(model, "packed_modules_mapping", {}).items():
+            if parts == [fused]:  # the HF tensor is the fused one already (Phi-3's qkv_proj)
+                continue
             for index, piece in enumerate(parts):
                 if f".{piece}." in name:
                     part = "qkv"[index] if fused == "qkv_proj" else index
@@ -193,7 +195,21 @@ def hf_views(
                 "(hf_to_vllm_mapper, packed_modules_mapping)"
             )
         module = modules[name.rsplit(".", 1)[0]]
+        fused = isinstance(module, (QKVParallelLinear, MergedColumnParallelLinear))
+        if fused and part is None and getattr(module, "tp_size", 1) > 1:
+            raise UnsupportedWeight(
+                f"{hf_name} is a whole fused tensor; under tensor parallelism its rows are not "
+                "one block on a rank: run this model with tensor_parallel_size=1"
+            )
         view, shard = _locate(module, params[name], part, tuple(shape), hf_name)
+        partial = shard is not None and tuple(shard.local_shape) != tuple(shape)
+        if partial and getattr(module, "tp_size", 1) == 1:
+            # One rank holds every coordinate: a view of fewer rows would leave the others
+            # unperturbed and unchecked (the map check compares views only).
+            raise UnsupportedWeight(
+                f"HF weight {hf_name!r} {tuple(shape)} maps to only {shard.local_shape} of "
+                f"vLLM's {name!r}; refusing a map that would leave coordinates out"
+            )
         views.append((hf_name, view))
         if shard is not None:
             shards[hf_name] = shard
