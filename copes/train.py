@@ -96,7 +96,8 @@ class TrainConfig:
     invalid_penalty: float = flag("reward of a turn with no valid action, negated (0: none)", 0.0)
     call_format: str = flag(
         "tool calls: tags (any model learns them), native (what the model's chat template "
-        "teaches: hermes, qwen-xml or llama-json) or one of those three",
+        "teaches, found by round trip) or one of hermes, qwen-xml, llama-json, glm-xml, "
+        "mistral, harmony",
         "tags",
     )
     enable_thinking: bool | None = flag(

@@ -28,7 +28,7 @@ import torch
 TEMPLATES = Path(__file__).parent / "fixtures" / "chat_templates"
 QUESTION = "What is 12 * 34? Use the python tool."
 ANSWER = "408"
-RECIPE_VERSION = 4
+RECIPE_VERSION = 5
 
 QWEN_SPECIAL = [
     "<|endoftext|>", "<|im_start|>", "<|im_end|>",
@@ -43,6 +43,36 @@ LLAMA_SPECIAL = [
     "<|eot_id|>", "<|eom_id|>", "<|python_tag|>", "<|finetune_right_pad_id|>",
 ]  # fmt: skip
 GEMMA_SPECIAL = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
+# The seven families of issue 27 (templates in tests/fixtures/chat_templates, SOURCES.md there):
+# special tokens as listed for their tiny models in ../shared/chat-templates/README.md.
+MISTRAL_SPECIAL = [
+    "<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
+    "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[TOOL_CALLS]",
+]  # fmt: skip
+HARMONY_SPECIAL = [
+    "<|startoftext|>", "<|endoftext|>", "<|return|>", "<|constrain|>", "<|channel|>",
+    "<|start|>", "<|end|>", "<|message|>", "<|call|>",
+]  # fmt: skip
+PHI4_SPECIAL = [
+    "<|endoftext|>", "<|system|>", "<|end|>", "<|user|>", "<|assistant|>", "<|tool|>",
+    "<|/tool|>", "<|tool_call|>", "<|/tool_call|>", "<|tool_response|>", "<|tag|>",
+]  # fmt: skip
+GRANITE_SPECIAL = ["<|end_of_text|>", "<|start_of_role|>", "<|end_of_role|>", "<|tool_call|>"]
+GLM_SPECIAL = [
+    "<|endoftext|>", "[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>",
+    "<|observation|>",
+]  # fmt: skip
+GLM_ADDED = [
+    "<think>", "</think>", "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>",
+    "<arg_value>", "</arg_value>", "<tool_response>", "</tool_response>",
+]  # fmt: skip
+R1_SPECIAL = [
+    "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>",
+    "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>",
+    "<｜tool▁call▁end｜>",
+    "<｜tool▁outputs▁begin｜>", "<｜tool▁outputs▁end｜>", "<｜tool▁output▁begin｜>",
+    "<｜tool▁output▁end｜>", "<｜tool▁sep｜>",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -62,6 +92,8 @@ class Family:
     tokenizer_class: str = "PreTrainedTokenizerFast"
     native: str | None = None  # the call format its template teaches (None: none)
     thinking: bool = False  # writes <think> blocks
+    harmony: bool = False  # writes harmony messages (gpt-oss): analysis, then final or a call
+    dated: bool = False  # the template writes today's date (strftime_now): rebuilt daily
     config: dict[str, Any] = field(default_factory=dict)
     template_kwargs: dict[str, Any] = field(default_factory=dict)
 
@@ -69,6 +101,12 @@ class Family:
     def call_formats(self) -> tuple[str, str]:
         """The two call formats its tests run: tags, and its native one (else hermes)."""
         return ("tags", self.native or "hermes")
+
+    @property
+    def cli_call_format(self) -> str:
+        """What its CLI tests pass: ``native`` where the template teaches a format copes
+        reads (resolved by round trip), else hermes (the refusal is tested apart)."""
+        return "native" if self.native else "hermes"
 
 
 _SMALL = dict(
@@ -88,6 +126,15 @@ def _qwen(name: str, model_type: str, template: str, native: str, **fields: Any)
 
 
 _TIED = {**_SMALL, "tie_word_embeddings": True}
+_NO_HEAD_DIM = {k: v for k, v in _SMALL.items() if k != "head_dim"}  # phi3, granite derive it
+_GLM_MOE = {
+    "moe_intermediate_size": 64, "n_routed_experts": 4, "num_experts_per_tok": 2,
+    "n_shared_experts": 1, "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1,
+}  # fmt: skip
+_GPT_OSS = {
+    "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 64,
+    "layer_types": ["sliding_attention", "full_attention"],
+}  # fmt: skip
 _MOE = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64}
 _HYBRID = {
     "layer_types": ["linear_attention", "full_attention"], "linear_key_head_dim": 32,
@@ -115,6 +162,41 @@ FAMILIES: dict[str, Family] = {
                 "layer_types": ["sliding_attention", "full_attention"],
             },
         ),
+        Family(
+            "llama3_1", "llama", "llama3_1.jinja", LLAMA_SPECIAL, [], "<|eot_id|>",
+            ["<|end_of_text|>", "<|eom_id|>", "<|eot_id|>"], bos="<|begin_of_text|>",
+            native="llama-json", config=_TIED,
+        ),
+        Family(
+            "mistral_nemo", "mistral", "mistral_nemo.jinja", MISTRAL_SPECIAL, [], "</s>",
+            ["</s>"], bos="<s>", unk="<unk>", native="mistral",
+            config={**_SMALL, "sliding_window": None},
+        ),
+        Family(
+            "gpt_oss", "gpt_oss", "gptoss.jinja", HARMONY_SPECIAL, [], "<|return|>",
+            ["<|return|>", "<|endoftext|>", "<|call|>"], bos="<|startoftext|>",
+            pad="<|endoftext|>", native="harmony", harmony=True, dated=True,
+            config={**_SMALL, **_GPT_OSS},
+        ),
+        Family(
+            "phi4_mini", "phi3", "phi4_mini.jinja", PHI4_SPECIAL, [], "<|endoftext|>",
+            ["<|end|>", "<|endoftext|>"], pad="<|endoftext|>", config=_NO_HEAD_DIM,
+        ),
+        Family(
+            "granite3_3", "granite", "granite3_3.jinja", GRANITE_SPECIAL, [], "<|end_of_text|>",
+            ["<|end_of_text|>"], bos="<|end_of_text|>", pad="<|end_of_text|>",
+            unk="<|end_of_text|>", dated=True, config=_NO_HEAD_DIM,
+        ),
+        Family(
+            "glm4_5", "glm4_moe", "glm4_5.jinja", GLM_SPECIAL, GLM_ADDED, "<|endoftext|>",
+            ["<|endoftext|>", "<|user|>", "<|observation|>"], pad="<|endoftext|>",
+            native="glm-xml", thinking=True, config={**_SMALL, **_GLM_MOE},
+        ),
+        Family(
+            "r1_distill", "qwen2", "r1_distill_qwen.jinja", R1_SPECIAL, THINK,
+            "<｜end▁of▁sentence｜>", ["<｜end▁of▁sentence｜>"], bos="<｜begin▁of▁sentence｜>",
+            pad="<｜end▁of▁sentence｜>", thinking=True, config=_TIED,
+        ),
     ]
 }  # fmt: skip
 
@@ -134,15 +216,40 @@ def _tool_call(call_format: str) -> str:
         )
     if call_format == "llama-json":
         return json.dumps({"name": "python", "parameters": {"code": code}})
+    if call_format == "glm-xml":
+        return (
+            "<tool_call>python\n<arg_key>code</arg_key>\n"
+            f"<arg_value>{code}</arg_value>\n</tool_call>"
+        )
+    if call_format == "mistral":
+        call = {"name": "python", "arguments": {"code": code}, "id": "a1b2c3d4e"}
+        return f"[TOOL_CALLS][{json.dumps(call)}]"
+    if call_format == "harmony":  # the message after the analysis one (see scripted_turns)
+        arguments = json.dumps({"code": code})
+        return f" to=functions.python<|channel|>commentary json<|message|>{arguments}<|call|>"
     raise ValueError(call_format)
+
+
+def _stops_in(call_format: str) -> tuple[str, ...]:
+    """Where a harmony turn stops without its closing: a stop string of the tags format, or
+    the <|call|> that ends a native call."""
+    return ("</python>", "</answer>", "<|call|>") if call_format == "tags" else ("<|call|>",)
 
 
 def scripted_turns(family: Family, call_format: str) -> list[str]:
     """What the assistant writes in its three turns (the template's pre-fill included)."""
     turns = [_tool_call(call_format), "I am not sure yet.", f"<answer>{ANSWER}</answer>"]
+    thoughts = ["Multiply with the tool.", "Check the output first.", "The tool printed it."]
+    if family.harmony:  # an analysis message, then the call or the final message
+        final = "<|channel|>final<|message|>"
+        return [
+            f"<|channel|>analysis<|message|>{t}<|end|><|start|>assistant"
+            + (turn if turn.startswith(" to=") else f"{final}{turn}")
+            + ("" if turn.endswith(_stops_in(call_format)) else "<|return|>")
+            for t, turn in zip(thoughts, turns, strict=True)
+        ]
     if not family.thinking:
         return turns
-    thoughts = ["Multiply with the tool.", "Check the output first.", "The tool printed it."]
     return [f"<think>\n{t}\n</think>\n\n{turn}" for t, turn in zip(thoughts, turns, strict=True)]
 
 
@@ -175,9 +282,10 @@ def episode_stream(chat: Any, call_format: str, turns: list[str]) -> tuple[list[
         ids = chat.encode_prompt(info["messages"], tools)
         mask = [0] * len(ids)
         for turn in turns:
-            assert turn.startswith(chat.prefill), (turn, chat.prefill)
-            sampled = chat.encode_text(turn[len(chat.prefill) :])
-            if not turn.endswith(stops):
+            prefill = chat.prefill_for(info["messages"])
+            assert turn.startswith(prefill), (turn, prefill)
+            sampled = chat.encode_text(turn[len(prefill) :])
+            if not turn.endswith(stops) and sampled[-1] not in chat.end_of_turn_ids:
                 sampled.append(eos)
             ids += sampled
             mask += [1] * len(sampled)
@@ -249,7 +357,12 @@ def _build_model(family: Family, tokenizer: Any) -> Any:
 
 def _fingerprint(family: Family) -> str:
     template = (TEMPLATES / family.template).read_bytes()
-    blob = json.dumps({**asdict(family), "recipe": RECIPE_VERSION}, sort_keys=True).encode()
+    recipe = {**asdict(family), "recipe": RECIPE_VERSION}
+    if family.dated:  # its prompt holds today's date: a new day is a new episode
+        import datetime
+
+        recipe["date"] = datetime.date.today().isoformat()
+    blob = json.dumps(recipe, sort_keys=True).encode()
     return hashlib.sha256(blob + template).hexdigest()[:10]
 
 

@@ -31,20 +31,47 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from copes.envs.parsing import CALL_FORMATS, REASONING_MARKERS, split_reasoning
+from copes.envs.parsing import (
+    CALL_FORMATS,
+    HARMONY_CLOSINGS,
+    REASONING_MARKERS,
+    STRUCTURAL_TOKENS,
+    TurnParser,
+    split_reasoning,
+)
+from copes.envs.tools.base import FunctionTool
 
 # Unlikely to occur in real text, and without characters a template might strip or escape.
 _PLACEHOLDER = "COPESPLACEHOLDERTURN"
 _PROBE_QUESTION = "COPESPROBEQUESTION"
 _PROBE_OUTPUT = "COPESPROBETOOLOUTPUT"
+_PROBE_REASONING = "COPESPROBEREASONING"
+_PROBE_ID = "copes0001"  # 9 alphanumeric characters: Mistral's templates refuse other ids
+_PROBE_ARGUMENTS = {"code": "print(6 * 7)"}
+_PROBE_PARAMETERS = {
+    "type": "object",
+    "properties": {"code": {"type": "string", "description": "COPESPROBEARGUMENT"}},
+    "required": ["code"],
+}
 _PROBE_TOOL = {
     "type": "function",
     "function": {
         "name": "copes_probe_tool",
         "description": "COPESPROBEDESCRIPTION",
-        "parameters": {"type": "object", "properties": {}, "required": []},
+        "parameters": _PROBE_PARAMETERS,
     },
 }
+_PROBE_CALL = {
+    "id": _PROBE_ID,
+    "type": "function",
+    "function": {"name": "copes_probe_tool", "arguments": _PROBE_ARGUMENTS},
+}
+_QUESTION = {"role": "user", "content": _PROBE_QUESTION}
+_TOOL_OUTPUT = {
+    "role": "tool", "name": "copes_probe_tool", "tool_call_id": _PROBE_ID, "content": _PROBE_OUTPUT,
+}  # fmt: skip
+_CALLED = "copes_placeholder_called"  # marks a placeholder turn that made a call
+_HARMONY_CALL_END = HARMONY_CLOSINGS[1]  # <|call|>: a harmony tool call's last token
 
 
 class ChatTemplateError(ValueError):
@@ -78,10 +105,24 @@ class ChatFormat:
         self.template_kwargs = dict(template_kwargs or {})
         ends = set(end_of_turn_ids) | {tokenizer.eos_token_id}
         self.end_of_turn_ids = frozenset(i for i in ends if i is not None)
-        self.tool_role = self._find_tool_role()
+        specials = {
+            i for i, token in tokenizer.added_tokens_decoder.items() if token.special
+        }  # fmt: skip
+        vocab = tokenizer.get_vocab()
+        # Special tokens a call format reads (harmony's framing, Mistral's [TOOL_CALLS]) stay
+        # in a turn's text; the others are dropped from it as `skip_special_tokens` does.
+        self._kept_ids = frozenset(vocab[t] for t in STRUCTURAL_TOKENS if vocab.get(t) in specials)
+        self._dropped_ids = frozenset(specials - self._kept_ids)
+        # A model that closes its turn itself (<|return|>, <|call|>) replaces the closing the
+        # template writes after a past turn (harmony's <|end|>), which is not added again.
+        closings = {vocab.get(t) for t in HARMONY_CLOSINGS} & specials
+        self._closing_ids = self.end_of_turn_ids | closings
+        self.tool_role, self._tool_needs_call, self._tool_needs_id = self._find_tool_role()
+        self._bridge_with_call = self._bridges_through_call()
         self.shows_tools = self._shows_tools()
-        self.reasoning = all(marker in self.template_text for marker in REASONING_MARKERS)
-        self.prefill = self._find_prefill()
+        self.prefills = self._find_prefills()
+        self.prefill = self.prefills["first"]  # after the task's question
+        self.reasoning = self._renders_reasoning()
         self._check_closing_is_independent()
 
     # ------------------------------------------------------------------ rendering
@@ -114,10 +155,21 @@ class ChatFormat:
         """The conversation as this template accepts it: tool output in the role it takes,
         and the tool schemas in the first user message when the template cannot show them."""
         adapted = []
-        for message in messages:
+        called = False  # the last assistant turn made a structured call
+        for index, message in enumerate(messages):
             message = dict(message)
-            if message.get("role") == "tool" and self.tool_role != "tool":
-                message = {"role": self.tool_role, "content": message.get("content", "")}
+            role = message.get("role")
+            if role == "assistant":  # (a placeholder standing for a call says so)
+                called = bool(message.get("tool_calls") or message.pop(_CALLED, False))
+            if role == "tool" and (
+                self.tool_role != "tool" or (self._tool_needs_call and not called)
+            ):  # e.g. gpt-oss renders tool output only after a structured call
+                role = "user" if self.tool_role == "tool" else self.tool_role
+                message = {"role": role, "content": message.get("content", "")}
+            elif role == "tool" and self._tool_needs_id:
+                given = str(message.get("tool_call_id", ""))
+                if not (len(given) == 9 and given.isalnum()):
+                    message["tool_call_id"] = f"call{index:05d}"
             adapted.append(message)
         if tools and not self.shows_tools:
             first = next((i for i, m in enumerate(adapted) if m.get("role") == "user"), None)
@@ -149,10 +201,28 @@ class ChatFormat:
         return self.encode_text(self.render(messages, tools, add_generation_prompt=True))
 
     # ------------------------------------------------------------------ continuation
-    def turn_text(self, turn_ids: Sequence[int]) -> str:
-        """What the assistant wrote in a turn: the template's pre-fill (e.g. ``<think>\\n``),
-        then the sampled ids decoded (special tokens dropped, as in `Generation.text`)."""
-        return self.prefill + self.tokenizer.decode(list(turn_ids), skip_special_tokens=True)
+    def decode_turn(self, turn_ids: Sequence[int]) -> str:
+        """The sampled ids as text: special tokens dropped (as `Generation.text`), except the
+        ones a call format reads (harmony's framing, Mistral's ``[TOOL_CALLS]``)."""
+        if not self._kept_ids:
+            return self.tokenizer.decode(list(turn_ids), skip_special_tokens=True)
+        kept = [i for i in turn_ids if i not in self._dropped_ids]
+        return self.tokenizer.decode(kept, skip_special_tokens=False)
+
+    def prefill_for(self, messages: Sequence[Mapping[str, Any]]) -> str:
+        """What the template pre-fills for the turn that follows `messages`: after the
+        question, after a tool's output and after feedback can differ (R1 distills open
+        ``<think>\\n`` after a user turn, nothing after a tool output)."""
+        last = messages[-1].get("role") if messages else "user"
+        if last == "tool":
+            return self.prefills["tool"]
+        asked = any(m.get("role") == "assistant" for m in messages)
+        return self.prefills["feedback" if asked else "first"]
+
+    def turn_text(self, turn_ids: Sequence[int], messages: Sequence[Mapping[str, Any]] = ()) -> str:
+        """What the assistant wrote in the turn after `messages` (the conversation before
+        it): the template's pre-fill there (e.g. ``<think>\\n``), then the sampled ids."""
+        return self.prefill_for(messages) + self.decode_turn(turn_ids)
 
     def encode_continuation(
         self,
@@ -178,14 +248,29 @@ class ChatFormat:
         new = list(messages[last + 1 :])
         if last < 0 or not new:
             raise ValueError("messages must end in an assistant turn and what followed it")
-        history = [*messages[:last], {"role": "assistant", "content": _PLACEHOLDER}]
-        after = self._after_placeholder([*history, *new], tools)
+        turn: dict[str, Any] = {"role": "assistant", "content": _PLACEHOLDER}
+        calls = messages[last].get("tool_calls")
+        if self._bridge_with_call and calls:  # its tool output renders only after the call
+            turn["tool_calls"] = calls
+        elif calls:
+            turn[_CALLED] = True  # its tool output keeps the tool role (`adapt`)
+        after = self._after_placeholder([*messages[:last], turn, *new], tools)
         ids: list[int] = []
         ended = bool(turn_ids) and turn_ids[-1] in self.end_of_turn_ids
-        if self.reasoning and not ended and split_reasoning(self.turn_text(turn_ids))[2]:
+        if "tool_calls" in turn:
+            # Harmony writes the call after the placeholder and closes it with <|call|>: the
+            # sampled turn is that call, so what follows starts after its closing (kept when
+            # the model did not write it).
+            cut = after.find(_HARMONY_CALL_END)
+            if cut < 0:
+                raise ChatTemplateError("the chat template does not close a tool call")
+            after = after[cut + (len(_HARMONY_CALL_END) if ended else 0) :]
+            return self.encode_text(after)
+        turn_text = self.turn_text(turn_ids, messages[:last])
+        if self.reasoning and not ended and split_reasoning(turn_text)[2]:
             ids += self.encode_text(REASONING_MARKERS[1])
         following = self.encode_text(after)
-        if ended and following and following[0] in self.end_of_turn_ids:
+        if ended and following and following[0] in self._closing_ids:
             following = following[1:]  # the model closed its turn itself
         return ids + following
 
@@ -205,46 +290,87 @@ class ChatFormat:
         except Exception:  # jinja's TemplateError, or a template's raise_exception
             return None
 
-    def _find_tool_role(self) -> str:
-        """The first role whose message the template renders with its content."""
-        base = [
-            {"role": "user", "content": _PROBE_QUESTION},
-            {"role": "assistant", "content": _PLACEHOLDER},
+    def _find_tool_role(self) -> tuple[str, bool, bool]:
+        """(role, needs a structured call, needs an id) of tool output: the first role whose
+        message the template renders with its content, in a conversation that goes on after
+        it (an answer, then feedback). A tool message carries a valid 9-character id
+        (Mistral refuses others), and is tried after a plain turn, then after a structured
+        call: gpt-oss renders tool output only after a call, and Mistral's role alternation
+        counts a tool output after a plain turn as a second assistant turn."""
+        plain = {"role": "assistant", "content": _PLACEHOLDER}
+        call = {"role": "assistant", "content": "", "tool_calls": [_PROBE_CALL]}
+        after = [
+            {"role": "assistant", "content": "COPESPROBEANSWER"},
+            {"role": "user", "content": "COPESPROBEFEEDBACK"},
         ]
         for role in ("tool", "ipython", "user"):
-            message = {"role": role, "content": _PROBE_OUTPUT}
-            if role == "tool":
-                message["name"] = "copes_probe_tool"
-            text = self._renders([*base, message])
-            if text is not None and _PROBE_OUTPUT in text:
-                return role
+            message = dict(_TOOL_OUTPUT) if role == "tool" else {"role": role}
+            message["content"] = _PROBE_OUTPUT
+            for turn in (plain, call) if role == "tool" else (plain,):
+                text = self._renders([_QUESTION, turn, message, *after])
+                if text is not None and _PROBE_OUTPUT in text:
+                    anonymous = {k: v for k, v in message.items() if k != "tool_call_id"}
+                    bare = self._renders([_QUESTION, turn, anonymous, *after])
+                    needs_id = role == "tool" and (bare is None or _PROBE_OUTPUT not in bare)
+                    return role, turn is call, needs_id
         raise ChatTemplateError(
             "the chat template renders no message after an assistant turn (tried the roles "
             "tool, ipython and user), so a multi-turn episode cannot continue"
         )
 
+    def _bridges_through_call(self) -> bool:
+        """Whether what follows a call turn renders only after the call itself (gpt-oss:
+        a tool message needs the assistant's call before it), not after a plain turn."""
+        if not self._tool_needs_call:
+            return False
+        text = self._renders(
+            [_QUESTION, {"role": "assistant", "content": _PLACEHOLDER}, _TOOL_OUTPUT]
+        )
+        return text is None or _PROBE_OUTPUT not in text
+
     def _shows_tools(self) -> bool:
-        probe = [{"role": "user", "content": _PROBE_QUESTION}]
-        text = self._renders(probe, [_PROBE_TOOL])
+        text = self._renders([_QUESTION], [_PROBE_TOOL])
         return text is not None and "copes_probe_tool" in text
 
-    def _find_prefill(self) -> str:
+    def _find_prefills(self) -> dict[str, str]:
         """What the generation prompt writes after the assistant header, from the reasoning
-        opener on (`<think>\\n`, or an empty think block with thinking off); '' otherwise."""
-        probe = [{"role": "user", "content": _PROBE_QUESTION}]
-        opened = self._apply(probe, None, add_generation_prompt=True)
-        closed = self._apply(probe, None, add_generation_prompt=False)
-        header = opened[len(closed) :] if opened.startswith(closed) else ""
-        start = header.find(REASONING_MARKERS[0]) if self.reasoning else -1
-        return header[start:] if start >= 0 else ""
+        opener on (`<think>\\n`, or an empty think block with thinking off; '' otherwise),
+        after the question, after a tool's output and after feedback."""
+        plain = {"role": "assistant", "content": _PLACEHOLDER}
+        called = {**plain, "tool_calls": [_PROBE_CALL]} if self._tool_needs_call else plain
+        positions = {
+            "first": [_QUESTION],
+            "tool": [_QUESTION, called, _TOOL_OUTPUT],
+            "feedback": [_QUESTION, plain, {"role": "user", "content": _PROBE_OUTPUT}],
+        }
+        prefills = {}
+        for position, conversation in positions.items():
+            try:
+                opened = self.render(conversation, add_generation_prompt=True)
+                closed = self.render(conversation, add_generation_prompt=False)
+            except Exception:  # jinja's TemplateError, or a template's raise_exception
+                opened = closed = ""
+            header = opened[len(closed) :] if opened.startswith(closed) else ""
+            start = header.find(REASONING_MARKERS[0])
+            prefills[position] = header[start:] if start >= 0 else ""
+        return prefills
+
+    def _renders_reasoning(self) -> bool:
+        """Whether the template writes reasoning blocks: it opens one in a generation prompt,
+        or renders a turn's `reasoning_content` inside the markers (a template that merely
+        mentions ``<think>`` in its system prompt, as Granite's does, is not one)."""
+        if any(REASONING_MARKERS[0] in prefill for prefill in self.prefills.values()):
+            return True
+        turn = {"role": "assistant", "content": _PLACEHOLDER, "reasoning_content": _PROBE_REASONING}
+        text = self._renders(self.adapt([_QUESTION, turn, _TOOL_OUTPUT]))
+        opener, closer = REASONING_MARKERS
+        if text is None or opener not in text:
+            return False
+        return _PROBE_REASONING in text.split(opener, 1)[1].split(closer, 1)[0]
 
     def _check_closing_is_independent(self) -> None:
         """The text after a turn must not depend on the turn (else the bridge would be
         wrong for some turns): compare a plain turn with ones that carry reasoning."""
-        question = {"role": "user", "content": _PROBE_QUESTION}
-        follow = {"role": self.tool_role, "content": _PROBE_OUTPUT}
-        if self.tool_role == "tool":
-            follow["name"] = "copes_probe_tool"
         variants = [
             {"role": "assistant", "content": _PLACEHOLDER},
             {"role": "assistant", "content": f"<think>\nCOPESPROBE\n</think>\n\n{_PLACEHOLDER}"},
@@ -252,7 +378,7 @@ class ChatFormat:
         ]
         afters = set()
         for turn in variants:
-            text = self._renders([question, turn, follow])
+            text = self._renders(self.adapt([_QUESTION, turn, _TOOL_OUTPUT]))
             if text is None or _PLACEHOLDER not in text:
                 raise ChatTemplateError("the chat template drops the content of assistant turns")
             afters.add(text[text.rfind(_PLACEHOLDER) + len(_PLACEHOLDER) :])
@@ -264,22 +390,56 @@ class ChatFormat:
             )
 
     def native_call_format(self) -> str:
-        """The tool-call format this template teaches the model (copes.envs.parsing):
-        ``qwen-xml`` (Qwen3.5 / Qwen3-Coder ``<function=..><parameter=..>``), ``hermes``
-        (Qwen2.5 / Qwen3 JSON in ``<tool_call>``) or ``llama-json`` (Llama 3.1+:
-        ``{"name": .., "parameters": ..}``). Raises when the template teaches none."""
-        template = self.template_text
-        if "<function=" in template and "<parameter=" in template:
-            return "qwen-xml"
-        if "<tool_call>" in template:
-            return "hermes"
-        if '"parameters"' in template and ("ipython" in template or "python_tag" in template):
-            return "llama-json"
+        """The tool-call format this template teaches the model (copes.envs.parsing), found
+        by round trip: a structured call is rendered with the template, decoded as a
+        sampled turn would be, and parsed with each known format; the format that gives the
+        same call back is the template's. Never read from a substring of the template (GLM's
+        ``<tool_call>`` is not hermes). Raises when no format round-trips."""
+        formats = self.round_trip_formats()
+        if formats:
+            return formats[0]
         raise ChatTemplateError(
             f"the chat template of {getattr(self.tokenizer, 'name_or_path', 'this model')!r} "
-            "teaches no tool-call format (no <tool_call>, <function=...> or Llama-3 JSON "
-            "calls), so --call-format native has nothing to use; choose tags or hermes"
+            "renders tool calls in no format copes parses (a rendered call parses back with "
+            f"none of {', '.join(CALL_FORMATS[1:])}), so --call-format native has nothing to "
+            "use; use --call-format tags"
         )
+
+    def round_trip_formats(self) -> list[str]:
+        """The call formats that parse a structured call back from this template's rendering
+        of it (see `native_call_format`), in `CALL_FORMATS` order."""
+        probe = FunctionTool(str, "copes_probe_tool", "probe", _PROBE_PARAMETERS)
+        # The turn starts where the generation prompt's pre-fill starts (it is the turn's).
+        prompt = self._renders([_QUESTION], [_PROBE_TOOL]) or ""
+        prefill = self.prefills["first"]
+        prefix = prompt[: len(prompt) - len(prefill)] if prompt.endswith(prefill) else prompt
+        formats = []
+        for turn_text in self._rendered_calls(prefix):
+            content = split_reasoning(self.decode_turn(self.encode_text(turn_text)))[1]
+            for call_format in CALL_FORMATS[1:]:
+                parsed = TurnParser({probe.name: probe}, call_format).parse(content)
+                same = (parsed.tool_name, parsed.arguments) == (probe.name, _PROBE_ARGUMENTS)
+                if parsed.kind == "tool_call" and same and call_format not in formats:
+                    formats.append(call_format)
+        return [f for f in CALL_FORMATS if f in formats]
+
+    def _rendered_calls(self, prefix: str) -> list[str]:
+        """The text of an assistant turn holding one structured call, as the template
+        renders it after the question's generation prompt. Arguments are tried as a dict
+        and as a JSON string, content as "" and None: templates differ in what they take."""
+        texts = []
+        for arguments in (_PROBE_ARGUMENTS, json.dumps(_PROBE_ARGUMENTS)):
+            for content in ("", None):
+                function = {"name": "copes_probe_tool", "arguments": arguments}
+                turn = {"role": "assistant", "content": content,
+                        "tool_calls": [{**_PROBE_CALL, "function": function}]}  # fmt: skip
+                try:
+                    text = self._apply([_QUESTION, turn], [_PROBE_TOOL], False)
+                except Exception:  # jinja's TemplateError, or a template's raise_exception
+                    continue
+                if prefix and text.startswith(prefix):
+                    texts.append(text[len(prefix) :])
+        return texts
 
 
 def resolve_call_format(requested: str, chat: ChatFormat | None) -> str:

@@ -44,10 +44,13 @@ def stop_strings(info: dict[str, Any]) -> tuple[str, ...]:
     """The stop strings that end a turn in the call format of an env's `info` (its
     `StepInfo`: ``call_format`` and the tools' schemas); one action per turn."""
     call_format = info.get("call_format", "tags")
-    if call_format in ("hermes", "qwen-xml"):
+    if call_format in ("hermes", "qwen-xml", "glm-xml"):
         return HERMES_STOPS
-    if call_format == "llama-json":
+    if call_format in ("llama-json", "mistral"):  # the call is the turn: the model ends it
         return LLAMA_JSON_STOPS
+    if call_format == "harmony":  # <|call|> and <|return|> end a turn; a stop string could
+        return ()  # fire inside the analysis channel
+
     names = [schema["function"]["name"] for schema in info.get("tools", [])]
     return (*(f"</{name}>" for name in names), "</answer>")
 
@@ -148,9 +151,9 @@ def _step(policy: Policy, episode: _Episode, generation: Generation) -> list[int
     traj.token_ids.extend(generation.token_ids)
     traj.generated_mask.extend([1] * len(generation.token_ids))
     traj.logprobs.extend(generation.logprobs)
-    # The env sees the whole assistant turn: what the template pre-filled (e.g. "<think>\n")
-    # and what the model wrote.
-    action = policy.chat.prefill + generation.text
+    # The env sees the whole assistant turn: what the template pre-filled there (e.g.
+    # "<think>\n" after the question) and what the model wrote.
+    action = policy.chat.turn_text(generation.token_ids, traj.messages)
     _, reward, terminated, truncated, info = episode.env.step(action)
     episode.tool_seconds += float(info.get("tool_seconds", 0.0))
     episode.grade_seconds += float(info.get("grade_seconds", 0.0))

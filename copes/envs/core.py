@@ -42,7 +42,7 @@ class StepInfo(TypedDict, total=False):
     task_id: str
     turn: int
     tool_calls: int
-    call_format: str  # how this env parses calls: tags, hermes, qwen-xml, llama-json
+    call_format: str  # how this env parses calls: tags or a native one (parsing.CALL_FORMATS)
     action: str  # this turn: tool_call, answer or invalid
     tool: str
     tool_seconds: float
@@ -126,7 +126,8 @@ class ToolEnv(gym.Env[str, str]):
         grader: turns a final answer into a reward (`copes.envs.rewards.graders`).
         max_turns: agent turns before the episode is truncated (reward 0).
         call_format: "tags" (``<python>..</python>``), or a model-native format: "hermes"
-            (``<tool_call>{json}``), "qwen-xml" (Qwen3.5) or "llama-json" (Llama 3.1+);
+            (``<tool_call>{json}``), "qwen-xml" (Qwen3.5), "llama-json" (Llama 3.1+), "glm-xml"
+            (GLM-4.5), "mistral" or "harmony" (gpt-oss);
             `copes.agents.chat.ChatFormat.native_call_format` names a model's own.
         invalid_penalty: reward given for a turn with no valid action (default 0: no shaping).
         accept_boxed: a bare ``\\boxed{x}`` counts as the final answer (math).
@@ -247,7 +248,9 @@ class ToolEnv(gym.Env[str, str]):
         if parsed.kind == "tool_call" and self.call_format != "tags" and parsed.span:
             # OpenAI format: the call as `tool_calls`, the content what the turn said around
             # it (in the tags format the call is the text itself, and stays there).
-            call_id = f"call_{self._turn}"
+            # Mistral's template takes only 9-character alphanumeric ids (its own, if given).
+            default = f"call{self._turn:05d}" if self.call_format == "mistral" else None
+            call_id = parsed.call_id or default or f"call_{self._turn}"
             start, end = parsed.span
             message["content"] = (content[:start] + content[end:]).strip()
             message["tool_calls"] = [

@@ -12,11 +12,21 @@ neither. Two call formats are understood:
   tool's schema says string, else read as JSON (falling back to the text), as vLLM's and
   `renderers`' Qwen3.5 parsers do;
 - ``llama-json`` (Llama 3.1+ templates with ``tools=``): the turn is one JSON object
-  ``{"name": "python", "parameters": {"code": "..."}}``.
+  ``{"name": "python", "parameters": {"code": "..."}}``;
+- ``glm-xml`` (GLM-4.5): ``<tool_call>python<arg_key>code</arg_key><arg_value>...
+  </arg_value></tool_call>``; values typed by the tool's schema as in qwen-xml;
+- ``mistral`` (Mistral-Nemo and the other pre-v11 Mistral templates): ``[TOOL_CALLS]`` then a
+  JSON list of ``{"name", "arguments"[, "id"]}``; a 9-character alphanumeric ``id`` the model
+  wrote becomes the call's id (the template refuses any other), as vLLM's Mistral parser reads it;
+- ``harmony`` (gpt-oss): the turn is harmony messages; a message addressed
+  ``to=functions.NAME`` (commentary channel) is the call, its body the JSON arguments.
+  `split_reasoning` gives the ``analysis`` channel as the reasoning, so nothing written while
+  reasoning is ever graded.
 
-In every format the final answer is ``<answer>...</answer>``. The hermes, qwen-xml and
-llama-json grammars follow the parsers of the `renderers` package (parse_qwen3,
-parse_qwen35, parse_llama_3); tests/envs/test_parsing_families.py checks that they agree.
+In every format the final answer is ``<answer>...</answer>``. The hermes, qwen-xml, llama-json
+and glm-xml grammars follow the parsers of the `renderers` package (parse_qwen3,
+parse_qwen35, parse_llama_3, its GLM parser), harmony the `openai-harmony` message grammar,
+mistral vLLM's Mistral tool parser; tests/envs/test_parsing_families.py checks that they agree.
 These are small grammars over text: `renderers`' parsers need a family renderer and token
 ids, and transformers' `parse_response` a `response_template` that these models' tokenizers
 do not ship, so copes keeps its own.
@@ -36,10 +46,22 @@ from typing import Any, Literal
 
 from copes.envs.tools.base import Tool, arguments_from_text, check_arguments
 
-CallFormat = Literal["tags", "hermes", "qwen-xml", "llama-json"]
-CALL_FORMATS: tuple[str, ...] = ("tags", "hermes", "qwen-xml", "llama-json")
+CallFormat = Literal["tags", "hermes", "qwen-xml", "llama-json", "glm-xml", "mistral", "harmony"]
+CALL_FORMATS: tuple[str, ...] = (
+    "tags", "hermes", "qwen-xml", "llama-json", "glm-xml", "mistral", "harmony",
+)  # fmt: skip
 TOOL_CALL_TAG = "tool_call"
 REASONING_MARKERS = ("<think>", "</think>")
+MISTRAL_CALLS = "[TOOL_CALLS]"
+# Harmony's framing tokens (openai/harmony): a message is `<|start|>HEADER<|message|>BODY`
+# closed by <|end|>, or by <|call|> / <|return|>, the two the model samples to stop.
+HARMONY_START, HARMONY_CHANNEL, HARMONY_MESSAGE = "<|start|>", "<|channel|>", "<|message|>"
+HARMONY_CLOSINGS = ("<|end|>", "<|call|>", "<|return|>")
+HARMONY_TOKENS = (
+    HARMONY_START, HARMONY_CHANNEL, HARMONY_MESSAGE, "<|constrain|>", *HARMONY_CLOSINGS,
+)  # fmt: skip
+# Special tokens a turn's text must keep for the parsers above (decoding drops the others).
+STRUCTURAL_TOKENS = (MISTRAL_CALLS, *HARMONY_TOKENS)
 ANSWER_TAG = "answer"
 _BOXED_OPENERS = ("\\boxed{", "\\fbox{")
 
@@ -55,6 +77,7 @@ class ParsedTurn:
     error: str | None = None
     note: str | None = None  # e.g. "only the first of 2 tool calls ran"
     span: tuple[int, int] | None = None  # where the call or answer sits in the turn text
+    call_id: str | None = None  # the id the model gave its call (mistral), if any
 
 
 def split_reasoning(text: str) -> tuple[str | None, str, bool]:
@@ -64,8 +87,10 @@ def split_reasoning(text: str) -> tuple[str | None, str, bool]:
     ``<think>R``, gives ``("R", "", True)``; a turn without markers gives ``(None, text,
     False)``. A ``<tool_call>`` also ends an unclosed reasoning block (as the Qwen parsers
     of vLLM and `renderers` read it). Newlines next to the markers are dropped, as the Qwen
-    templates do.
+    templates do. A harmony turn (gpt-oss) is split by channel (`split_harmony`).
     """
+    if HARMONY_MESSAGE in text:
+        return split_harmony(text)
     opener, closer = REASONING_MARKERS
     close = text.find(closer)
     if close >= 0:
@@ -81,6 +106,68 @@ def split_reasoning(text: str) -> tuple[str | None, str, bool]:
             return rest[:call].strip("\n"), rest[call:], False
         return rest.strip("\n"), "", True
     return None, text, False
+
+
+@dataclass(frozen=True)
+class HarmonyMessage:
+    """One message of a harmony turn: ``[<|start|>]HEADER<|message|>BODY[CLOSING]``."""
+
+    header: str  # e.g. "assistant to=functions.python<|channel|>commentary json"
+    body: str
+    closing: str  # one of HARMONY_CLOSINGS, or "" when the turn was cut off
+
+    @property
+    def channel(self) -> str:
+        if HARMONY_CHANNEL not in self.header:
+            return ""
+        words = self.header.split(HARMONY_CHANNEL, 1)[1].split()
+        return words[0] if words else ""
+
+    @property
+    def recipient(self) -> str | None:
+        """``functions.python`` for a call (``to=`` may sit before or after the channel)."""
+        for word in self.header.replace(HARMONY_CHANNEL, " ").split():
+            if word.startswith("to="):
+                return word[3:]
+        return None
+
+    def text(self) -> str:
+        """The message as the template writes it (an assistant message's role included)."""
+        header = self.header if self.header.startswith("assistant") else "assistant" + self.header
+        return f"{HARMONY_START}{header}{HARMONY_MESSAGE}{self.body}{self.closing}"
+
+
+def harmony_messages(text: str) -> list[HarmonyMessage]:
+    """The messages of a harmony turn. The first one's ``<|start|>assistant`` is in the
+    prompt, so the text starts inside its header; text after a message's closing up to the
+    next ``<|start|>`` (none in a well-formed turn) is dropped, as harmony parsers do."""
+    messages = []
+    for chunk in text.split(HARMONY_START):
+        if HARMONY_MESSAGE not in chunk:
+            if chunk.strip():  # a header cut off before its body
+                messages.append(HarmonyMessage(chunk, "", ""))
+            continue
+        header, rest = chunk.split(HARMONY_MESSAGE, 1)
+        ends = [(rest.find(c), c) for c in HARMONY_CLOSINGS if c in rest]
+        at, closing = min(ends) if ends else (len(rest), "")
+        messages.append(HarmonyMessage(header, rest[:at], closing))
+    return messages
+
+
+def split_harmony(text: str) -> tuple[str | None, str, bool]:
+    """(reasoning, content, open) of a harmony turn: the ``analysis`` channel is the
+    reasoning; the content is the other messages' bodies, with a message addressed to a tool
+    (``to=functions.NAME``) kept whole for the harmony call format. Open: the turn was cut off
+    inside its analysis."""
+    messages = harmony_messages(text)
+    thoughts = [m.body for m in messages if m.channel == "analysis" and m.recipient is None]
+    content = "".join(
+        m.text() if m.recipient else m.body
+        for m in messages
+        if not (m.channel == "analysis" and m.recipient is None)
+    )
+    cut_off = bool(messages) and messages[-1].channel == "analysis" and not messages[-1].closing
+    return ("\n\n".join(thoughts) if thoughts else None), content, cut_off and not content
 
 
 # `<name>...</name>` of a tool the env does not have (tags format): say so, not "no call".
@@ -168,6 +255,10 @@ class TurnParser:
             "qwen-xml": "<tool_call><function=...><parameter=...>...</parameter></function>"
             "</tool_call>",
             "llama-json": '{"name": "...", "parameters": {...}}',
+            "glm-xml": "<tool_call>NAME<arg_key>...</arg_key><arg_value>...</arg_value>"
+            "</tool_call>",
+            "mistral": f'{MISTRAL_CALLS}[{{"name": "...", "arguments": {{...}}}}]',
+            "harmony": "a commentary message to=functions.NAME whose body is the JSON arguments",
         }[self.call_format]
         return f"Call a tool with {example} or give the final answer as <answer>...</answer>."
 
@@ -177,11 +268,16 @@ class TurnParser:
 
     def parse(self, text: str) -> ParsedTurn:
         """Find the first complete action in `text` (a tool call or an answer)."""
-        if self.call_format == "llama-json":
-            json_call = self._llama_call(text)
-            if json_call is not None:
-                return json_call
-        tags = {"tags": list(self.tools), "llama-json": []}.get(self.call_format, [TOOL_CALL_TAG])
+        first_call = {
+            "llama-json": self._llama_call,
+            "mistral": self._mistral_call,
+            "harmony": self._harmony_call,
+        }.get(self.call_format)
+        if first_call is not None and (call := first_call(text)) is not None:
+            return call
+        no_call_tag = ("llama-json", "mistral", "harmony")
+        tags = list(self.tools) if self.call_format == "tags" else [TOOL_CALL_TAG]
+        tags = [] if self.call_format in no_call_tag else tags
         spans = _find_spans(text, [*tags, ANSWER_TAG])
         if not spans:
             return self._no_tags(text)
@@ -214,6 +310,8 @@ class TurnParser:
         )
         if first.tag == TOOL_CALL_TAG and self.call_format == "qwen-xml":
             parsed = self._xml_call(first.content)
+        elif first.tag == TOOL_CALL_TAG and self.call_format == "glm-xml":
+            parsed = self._glm_call(first.content)
         elif first.tag == TOOL_CALL_TAG:
             parsed = self._hermes_call(first.content)
         else:
@@ -293,6 +391,84 @@ class TurnParser:
             arguments[key] = _typed_value(inner[head_end + 1 : close].strip(), props.get(key))
             pos = close + len("</parameter>")
         return self._named_call(name, arguments, "parameters")
+
+    def _glm_call(self, content: str) -> ParsedTurn:
+        """``NAME<arg_key>K</arg_key><arg_value>V</arg_value>...`` (GLM-4.5)."""
+        key_tag, value_tag = "<arg_key>", "<arg_value>"
+        first = content.find(key_tag)
+        name = (content if first < 0 else content[:first]).strip()
+        if not name:
+            return self.invalid("a <tool_call> must start with the tool's name")
+        tool = self.tools.get(name)
+        props = tool.parameters.get("properties", {}) if tool is not None else {}
+        arguments: dict[str, Any] = {}
+        pos = max(first, 0)
+        while (start := content.find(key_tag, pos)) >= 0:
+            key_end = content.find("</arg_key>", start)
+            value = content.find(value_tag, key_end)
+            value_end = content.find("</arg_value>", value)
+            if min(key_end, value, value_end) < 0:
+                return self.invalid("an <arg_key> needs </arg_key><arg_value>...</arg_value>")
+            key = content[start + len(key_tag) : key_end].strip()
+            text = content[value + len(value_tag) : value_end].strip()
+            arguments[key] = _typed_value(text, props.get(key))
+            pos = value_end + len("</arg_value>")
+        return self._named_call(name, arguments, "arguments")
+
+    def _mistral_call(self, text: str) -> ParsedTurn | None:
+        """``[TOOL_CALLS][{"name": .., "arguments": {..}, "id": ..}, ...]``: the first call
+        runs (None when the turn has no ``[TOOL_CALLS]`` before any answer)."""
+        at = text.find(MISTRAL_CALLS)
+        answer = text.find(f"<{ANSWER_TAG}>")
+        if at < 0 or 0 <= answer < at:
+            return None
+        body = text[at + len(MISTRAL_CALLS) :].lstrip()
+        try:
+            calls, length = json.JSONDecoder().raw_decode(body)
+        except json.JSONDecodeError as exc:
+            return self.invalid(f"the {MISTRAL_CALLS} list is not valid JSON ({exc.msg})")
+        calls = [calls] if isinstance(calls, dict) else calls
+        if not isinstance(calls, list) or not calls or not isinstance(calls[0], dict):
+            return self.invalid(f"{MISTRAL_CALLS} must be followed by a JSON list of calls")
+        parsed = self._json_call(json.dumps(calls[0]), "the call")
+        if parsed.kind != "tool_call":
+            return parsed
+        given = calls[0].get("id")
+        valid_id = isinstance(given, str) and re.fullmatch(r"[A-Za-z0-9]{9}", given)
+        note = (
+            f"Note: only the first of {len(calls)} tool calls was run; make one call per turn."
+            if len(calls) > 1
+            else None
+        )
+        end = len(text) - len(body) + length
+        return replace(parsed, span=(at, end), note=note, call_id=given if valid_id else None)
+
+    def _harmony_call(self, text: str) -> ParsedTurn | None:
+        """The first harmony message addressed to a tool (None when there is none)."""
+        at = text.find(HARMONY_START)
+        while at >= 0:
+            end = text.find(HARMONY_START, at + 1)
+            chunk = text[at : end if end >= 0 else len(text)]
+            [message] = harmony_messages(chunk) or [HarmonyMessage("", "", "")]
+            if message.recipient is not None:
+                name = message.recipient.removeprefix("functions.")
+                if not message.closing and HARMONY_MESSAGE not in chunk:
+                    return self.invalid(f"the call to {name} was cut off before its arguments")
+                body = message.body.strip() or "{}"
+                try:
+                    arguments = json.loads(body)
+                except json.JSONDecodeError as exc:
+                    return self.invalid(f"the arguments of {name} are not valid JSON ({exc.msg})")
+                if not message.recipient.startswith("functions."):
+                    known = ", ".join(f"functions.{t}" for t in self.tools) or "none"
+                    return self.invalid(
+                        f"unknown recipient '{message.recipient}' (available: {known})"
+                    )
+                parsed = self._named_call(name, arguments, "arguments")
+                span = (at, at + len(chunk))
+                return replace(parsed, span=span) if parsed.kind == "tool_call" else parsed
+            at = end
+        return None
 
     def _llama_call(self, text: str) -> ParsedTurn | None:
         """A turn that is one JSON object (None when it is not shaped so: no call)."""

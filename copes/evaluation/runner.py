@@ -190,7 +190,7 @@ def evaluate(
         save_messages: also store each episode's full conversation.
         model_name: recorded in the report and checked on resume.
         call_format: how the agent calls tools: tags, native (the model's own, from its chat
-            template) or hermes / qwen-xml / llama-json.
+            template) or one of copes.envs.parsing.CALL_FORMATS.
         regenerate_changed: on resume, roll out again the batches holding stored samples of a
             task whose data changed since (`task_digest`); without it they are refused.
     """

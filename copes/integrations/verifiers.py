@@ -210,8 +210,10 @@ class PolicyClient(vf.Client):
             "choices": [
                 {
                     "index": 0,
-                    "message": {"role": "assistant", "content": self.policy.chat.prefill
-                                + generation.text},
+                    "message": {
+                        "role": "assistant",
+                        "content": self.policy.chat.turn_text(generation.token_ids, messages),
+                    },
                     "finish_reason": "length" if generation.finish_reason == "length" else "stop",
                     "logprobs": None,
                 }

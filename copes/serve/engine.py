@@ -138,7 +138,7 @@ def _turn(
         "policy_version": served.policy_version,
         "prompt": how,
     }
-    text = chat.prefill + generation.text
+    text = chat.turn_text(generation.token_ids, request.messages)
     reply, finish = turn_reply(request, generation, text, call_format, chat.tokenizer, extra)
     return Turn(
         request_key=request.key(),

@@ -216,7 +216,7 @@ class PolicyServer:
         """A sessionless chat turn of the current policy (not recorded)."""
         prompt = self.chat.encode_prompt(request.messages, request.tools)
         generation = self._generate_once(request, prompt, "messages")
-        text = self.chat.prefill + generation.text
+        text = self.chat.turn_text(generation.token_ids, request.messages)
         extra = {"policy_version": self.policy_version}
         reply, _ = turn_reply(
             request, generation, text, self.call_format, self.chat.tokenizer, extra

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from copes.envs.parsing import TurnParser
+from copes.envs.parsing import HARMONY_MESSAGE, TurnParser, split_harmony
 
 
 class ServeError(Exception):
@@ -255,7 +255,20 @@ def assistant_message(
     text: str, tools: Sequence[Mapping[str, Any]] | None, call_format: str, parse_tools: bool = True
 ) -> tuple[dict[str, Any], str | None]:
     """The assistant message of a sampled turn (its tool call in OpenAI's `tool_calls`) and
-    the finish reason a tool call implies (None: the sampler's)."""
+    the finish reason a tool call implies (None: the sampler's). A harmony turn's analysis
+    channel is its `reasoning_content`, and its content the other channels."""
+    reasoning = None
+    if HARMONY_MESSAGE in text:
+        reasoning, text, _ = split_harmony(text)
+    message, finish = _assistant_message(text, tools, call_format, parse_tools)
+    if reasoning is not None:
+        message["reasoning_content"] = reasoning
+    return message, finish
+
+
+def _assistant_message(
+    text: str, tools: Sequence[Mapping[str, Any]] | None, call_format: str, parse_tools: bool
+) -> tuple[dict[str, Any], str | None]:
     if tools and parse_tools:
         schemas = {}
         for schema in tools:
@@ -270,8 +283,10 @@ def assistant_message(
         if parsed is not None and parsed.kind == "tool_call" and parsed.span is not None:
             start, end = parsed.span
             content = (text[:start] + text[end:]).strip() or None
+            # Mistral's templates take back only 9-character alphanumeric ids.
+            mistral_id = parsed.call_id or secrets.token_hex(5)[:9]
             call = {
-                "id": f"call_{secrets.token_hex(12)}",
+                "id": mistral_id if call_format == "mistral" else f"call_{secrets.token_hex(12)}",
                 "type": "function",
                 "function": {"name": parsed.tool_name, "arguments": json.dumps(parsed.arguments)},
             }

@@ -11,7 +11,10 @@ from copes.agents.hf import HFPolicy
 from copes.agents.policy import SamplingConfig
 from copes.agents.rollout import rollout
 
-FAMILY_NAMES = ["qwen2", "qwen3", "qwen3_moe", "qwen3_5", "llama", "gemma3"]
+FAMILY_NAMES = [
+    "qwen2", "qwen3", "qwen3_moe", "qwen3_5", "llama", "gemma3",
+    "llama3_1", "mistral_nemo", "gpt_oss", "phi4_mini", "granite3_3", "glm4_5", "r1_distill",
+]  # fmt: skip
 
 
 def families_module():
@@ -156,13 +159,24 @@ def test_templates_are_read_by_trial_renders(family_tokenizer):
     assert gemma.tool_role == "user"  # the template only takes alternating user/model turns
     assert not gemma.shows_tools  # it ignores tools=: the schemas go into the user message
     assert "python" in gemma.render([{"role": "user", "content": "Q"}], TOOLS)
-    with pytest.raises(ChatTemplateError, match="teaches no tool-call format"):
+    with pytest.raises(ChatTemplateError, match="renders tool calls in no format copes parses"):
         gemma.native_call_format()
-    expected = {"qwen2": "hermes", "qwen3": "hermes", "qwen3_5": "qwen-xml", "llama": "llama-json"}
+    expected = {
+        "qwen2": "hermes", "qwen3": "hermes", "qwen3_5": "qwen-xml", "llama": "llama-json",
+        "llama3_1": "llama-json", "glm4_5": "glm-xml", "mistral_nemo": "mistral",
+        "gpt_oss": "harmony",
+    }  # fmt: skip
     for name, call_format in expected.items():
         chat = chat_for(family_tokenizer(name), families.FAMILIES[name])
+        # Exactly one format gives the template's rendered call back: GLM's <tool_call> is
+        # not hermes, gpt-oss's and Mistral's calls sit in special tokens.
+        assert chat.round_trip_formats() == [call_format], name
         assert chat.native_call_format() == call_format
         assert chat.tool_role == "tool" and chat.shows_tools
+    for name in ("phi4_mini", "granite3_3", "r1_distill"):  # no structured call comes back
+        chat = chat_for(family_tokenizer(name), families.FAMILIES[name])
+        with pytest.raises(ChatTemplateError, match=r"use --call-format tags$"):
+            chat.native_call_format()
     qwen3 = family_tokenizer("qwen3")
     assert chat_for(qwen3, families.FAMILIES["qwen3"]).prefill == ""
     no_thinking = chat_for(qwen3, families.FAMILIES["qwen3"], enable_thinking=False)
@@ -217,8 +231,105 @@ def test_family_model_runs_its_scripted_episode(
         assert roles == ["user", "assistant", "tool", "assistant", "user", "assistant"]
         assert trajectory.messages[2]["content"].strip() == families.ANSWER  # the sandbox ran
         reasoning = [m.get("reasoning_content") for m in trajectory.messages[1::2]]
-        if family.thinking:
+        if family.thinking or family.harmony:
             assert reasoning[0] == "Multiply with the tool."
             assert all("<think>" not in m["content"] for m in trajectory.messages[1::2])
         else:
             assert reasoning == [None, None, None]
+
+
+# ---------------------------------------------------------------------- issue 27's families
+def test_harmony_turns_are_bridged_as_the_template_renders_them(family_tokenizer):
+    """gpt-oss: a turn the model closed with <|return|> is not given the template's <|end|>
+    too; after a <|call|> the tool output follows in the functions.NAME message the template
+    writes; the analysis channel is the reasoning and an <answer> in it is never graded."""
+    families = families_module()
+    tokenizer = family_tokenizer("gpt_oss")
+    chat = chat_for(tokenizer, families.FAMILIES["gpt_oss"])
+    env = families.make_env("harmony")
+    try:
+        _, info = env.reset(options={"task": families.make_task()})
+        final = "<|channel|>analysis<|message|>Maybe <answer>408</answer>?<|end|>"
+        final += "<|start|>assistant<|channel|>final<|message|>Not sure.<|return|>"
+        ids = chat.encode_text(final)
+        _, _, done, _, info = env.step(chat.turn_text(ids, info["messages"]))
+        assert not done and info["action"] == "invalid"  # the analysis answer is not graded
+        assert info["messages"][1]["reasoning_content"] == "Maybe <answer>408</answer>?"
+        following = tokenizer.decode(chat.encode_continuation(info["messages"], ids))
+        assert following.startswith("<|start|>user<|message|>Invalid action")
+        assert following.endswith("<|end|><|start|>assistant")
+        call = "<|channel|>analysis<|message|>Use it.<|end|><|start|>assistant to=functions."
+        call += 'python<|channel|>commentary json<|message|>{"code": "print(12 * 34)"}<|call|>'
+        ids = chat.encode_text(call)
+        _, _, _, _, info = env.step(chat.turn_text(ids, info["messages"]))
+        assert info["action"] == "tool_call" and info["messages"][-1]["role"] == "tool"
+        following = tokenizer.decode(chat.encode_continuation(info["messages"], ids))
+        assert following == (
+            '<|start|>functions.python to=assistant<|channel|>commentary<|message|>"408"'
+            "<|end|><|start|>assistant"
+        )
+    finally:
+        env.close()
+
+
+def test_r1_prefills_think_after_a_question_and_nothing_after_a_tool_output(family_tokenizer):
+    """DeepSeek-R1 distills open <think> in the generation prompt after a user turn only: a
+    turn that answers right after a tool output is an answer, not an open reasoning block."""
+    families = families_module()
+    chat = chat_for(family_tokenizer("r1_distill"), families.FAMILIES["r1_distill"])
+    assert chat.prefills == {"first": "<think>\n", "tool": "", "feedback": "<think>\n"}
+    assert chat.reasoning
+    env = families.make_env("tags")
+    try:
+        _, info = env.reset(options={"task": families.make_task()})
+        turn = chat.encode_text("Use the tool.\n</think>\n\n<python>print(12 * 34)</python>")
+        _, _, _, _, info = env.step(chat.turn_text(turn, info["messages"]))
+        assert info["action"] == "tool_call"
+        answer = chat.encode_text("<answer>408</answer>")
+        assert chat.turn_text(answer, info["messages"]) == "<answer>408</answer>"
+        _, reward, done, _, info = env.step(chat.turn_text(answer, info["messages"]))
+        assert done and info["correct"] and reward == 1.0
+    finally:
+        env.close()
+
+
+def test_mistral_tool_output_gets_its_real_tool_turn_with_a_valid_id(family_tokenizer):
+    families = families_module()
+    tokenizer = family_tokenizer("mistral_nemo")
+    chat = chat_for(tokenizer, families.FAMILIES["mistral_nemo"])
+    assert chat.tool_role == "tool"
+    env = families.make_env("mistral")
+    try:
+        _, info = env.reset(options={"task": families.make_task()})
+        call = '[TOOL_CALLS][{"name": "python", "arguments": {"code": "print(2)"}}]'
+        ids = [*chat.encode_text(call), tokenizer.eos_token_id]
+        assert chat.turn_text(ids, info["messages"]) == call  # [TOOL_CALLS] is kept, </s> not
+        _, _, _, _, info = env.step(chat.turn_text(ids, info["messages"]))
+        tool_message = info["messages"][-1]
+        assert tool_message["tool_call_id"] == "call00001"  # 9 alphanumeric characters
+        following = tokenizer.decode(chat.encode_continuation(info["messages"], ids))
+        assert following == '[TOOL_RESULTS]{"content": 2, "call_id": "call00001"}[/TOOL_RESULTS]'
+        given = '[TOOL_CALLS][{"name": "python", "arguments": {"code": "1"}, "id": "a1b2c3d4e"}]'
+        _, _, _, _, info = env.step(given)
+        assert info["messages"][-1]["tool_call_id"] == "a1b2c3d4e"  # the model's own id
+    finally:
+        env.close()
+    tags = chat.render([
+        {"role": "user", "content": "Q"}, {"role": "assistant", "content": "<python>1</python>"},
+        {"role": "tool", "name": "python", "content": "1"},
+        {"role": "assistant", "content": "hmm"}, {"role": "user", "content": "feedback"},
+    ])  # fmt: skip
+    assert "[INST]1[/INST]" in tags  # after a plain turn, tool output is a user turn
+
+
+def test_reasoning_is_read_from_what_templates_render_not_from_their_text(family_tokenizer):
+    families = families_module()
+    reasoning = {
+        name: chat_for(family_tokenizer(name), families.FAMILIES[name]).reasoning
+        for name in ("granite3_3", "glm4_5", "r1_distill", "gpt_oss", "phi4_mini", "qwen3")
+    }
+    # Granite mentions <think></think> in a system prompt, but renders no reasoning.
+    assert reasoning == {
+        "granite3_3": False, "glm4_5": True, "r1_distill": True, "gpt_oss": False,
+        "phi4_mini": False, "qwen3": True,
+    }  # fmt: skip

