@@ -25,9 +25,9 @@ import time
 from importlib.metadata import version
 from pathlib import Path
 
-from copes.envs._cpu_time import process_cpu_seconds
 from copes.envs.rewards._math_worker import GRADER, symbolic_verdict
 from copes.envs.rewards.math import is_equivalent
+from copes.sandbox.cpu_time import process_cpu_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = Path(__file__).parent / "results" / "grading_time.json"

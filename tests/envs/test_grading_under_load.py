@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from copes.envs import _cpu_time
 from copes.envs.rewards._math_worker import GRADER, symbolic_verdict
 from copes.envs.rewards.math import is_equivalent
 from copes.envs.tools.python import PythonTool
+from copes.sandbox import cpu_time as _cpu_time
 
 PEER_DIR = Path(__file__).parents[1] / "fixtures" / "peer_graders"
 PEER_FILES = ("mathverify_cases.json", "hendrycks_cases.json")

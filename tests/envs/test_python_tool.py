@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from copes.envs.tools._sandbox_client import shared_server
-from copes.envs.tools._sandbox_repl import OutputCapture
 from copes.envs.tools.base import Tool, tool_schema
 from copes.envs.tools.python import PythonTool
+from copes.sandbox import shared_server
+from copes.sandbox.repl import OutputCapture
 
 IS_ROOT = os.geteuid() == 0
 # The time limit counts CPU time, so a 1 s budget can take longer on a loaded machine; a call

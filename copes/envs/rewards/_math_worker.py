@@ -116,7 +116,7 @@ class SymbolicGrader:
                 f"math grader worker failed to start ({reply!r}); check that sympy and "
                 f"math-verify import in {sys.executable} (the worker's stderr is above)"
             )
-        from copes.envs._cpu_time import process_cpu_seconds
+        from copes.sandbox.cpu_time import process_cpu_seconds
 
         if process_cpu_seconds(self._proc.pid) is None and not self._wall_clock_only:
             self._wall_clock_only = True
@@ -128,7 +128,7 @@ class SymbolicGrader:
 
     def _cpu_seconds(self) -> float | None:
         """The worker's CPU clock (the caller's wall clock where /proc is missing)."""
-        from copes.envs._cpu_time import process_cpu_seconds
+        from copes.sandbox.cpu_time import process_cpu_seconds
 
         if self._wall_clock_only:
             return time.monotonic()
@@ -170,7 +170,7 @@ class SymbolicGrader:
         Waits until the worker has used `timeout` CPU seconds since `cpu_start`, or for the
         wall-clock backstop.
         """
-        from copes.envs._cpu_time import wall_backstop
+        from copes.sandbox.cpu_time import wall_backstop
 
         backstop = wall_backstop(timeout)
         started = time.monotonic()

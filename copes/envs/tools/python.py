@@ -18,14 +18,14 @@ import os
 import threading
 from typing import TYPE_CHECKING, Any
 
-from copes.envs._cpu_time import wall_backstop
-from copes.envs.tools._sandbox_client import (
+from copes.sandbox import (
     SandboxError,
     Session,
     SessionLimits,
     WorkerLost,
     shared_server,
 )
+from copes.sandbox.cpu_time import wall_backstop
 
 if TYPE_CHECKING:
     from copes.envs.tasks.base import Task

@@ -1,6 +1,6 @@
 """The trainer's side of the sandbox: one shared server process and per-episode sessions.
 
-`SandboxServer` owns the zygote (`_sandbox_server.py`), started lazily once per process
+`SandboxServer` owns the zygote (`server.py`), started lazily once per process
 with subprocess (fork+exec in C, safe in a process holding a torch model and threads),
 shared by every `PythonTool` behind a lock, and restarted if it dies. `Session` is one
 episode's interpreter: two socket pairs handed to the server, one to the worker that runs
@@ -28,12 +28,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from copes.envs._cpu_time import process_cpu_seconds
-from copes.envs.tools._sandbox_wire import FrameError, recv_frame, send_frame
+from copes.sandbox.cpu_time import process_cpu_seconds
+from copes.sandbox.wire import FrameError, recv_frame, send_frame
 
 logger = logging.getLogger(__name__)
 
-SERVER_SCRIPT = Path(__file__).with_name("_sandbox_server.py")
+SERVER_SCRIPT = Path(__file__).with_name("server.py")
 SERVER_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
 SERVER_START_TIMEOUT = 120.0  # importing sympy on a loaded 2-core CI machine is slow
 SESSION_START_TIMEOUT = 30.0

@@ -25,9 +25,9 @@ from collections.abc import Callable
 from typing import Any
 
 try:
-    from . import _sandbox_wire as wire
+    from . import wire
 except ImportError:  # loaded by path inside the sandbox server, where there is no package
-    import _sandbox_wire as wire  # type: ignore[no-redef]
+    import _copes_sandbox_wire as wire  # type: ignore[no-redef]
 
 MAX_REQUEST_BYTES = 64 * 2**20
 MAX_TRACEBACK_LINES = 16

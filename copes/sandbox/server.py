@@ -1,12 +1,13 @@
 """The sandbox server ("zygote"): a fresh interpreter that forks one isolated session per episode.
 
-Started once per trainer process by `_sandbox_client` as ``python -I _sandbox_server.py``
+Started once per trainer process by `client.py` as ``python -I server.py``
 with a cleared environment. It imports sympy and math once, then waits on a control socket.
 Each request carries two sockets (SCM_RIGHTS) and the session's limits; for each the server
 picks a uid and a scratch directory and forks the session's supervisor, which forks the
-worker that runs the code (see `_sandbox_session`). Fork gives every session the imported
+worker that runs the code (see `session.py`). Fork gives every session the imported
 modules for free; nothing here ever runs in the trainer.
-Standard library (plus sympy) only: this file and its `_sandbox_*` siblings load by path.
+Standard library (plus sympy) only: this file and its siblings load by path, under the
+module names `_copes_sandbox_NAME` (no name user code could mean).
 """
 
 from __future__ import annotations
@@ -56,12 +57,12 @@ PRELOAD = (
 
 
 def _load_sibling(name: str) -> ModuleType:
-    """Import `copes/envs/tools/<name>.py` by path, so `copes` itself is never imported here."""
+    """Import `copes/sandbox/<name>.py` by path, so `copes` itself is never imported here."""
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
-    spec = importlib.util.spec_from_file_location(name, path)
+    spec = importlib.util.spec_from_file_location(f"_copes_sandbox_{name}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
+    sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
 
@@ -305,10 +306,10 @@ def main(argv: list[str] | None = None) -> int:
         if path not in sys.path:
             sys.path.append(path)
     try:
-        for name in ("_sandbox_wire", "_sandbox_isolation", "_sandbox_repl"):
+        for name in ("wire", "isolation", "repl"):
             _load_sibling(name)
-        iso = sys.modules["_sandbox_isolation"]
-        session = _load_sibling("_sandbox_session")
+        iso = sys.modules["_copes_sandbox_isolation"]
+        session = _load_sibling("session")
         for name in PRELOAD:
             __import__(name)
         server = Server(control)

@@ -27,13 +27,12 @@ from dataclasses import dataclass
 from typing import Any
 
 try:
-    from . import _sandbox_isolation as iso
-    from . import _sandbox_repl as repl
-    from . import _sandbox_wire as wire
+    from . import isolation as iso
+    from . import repl, wire
 except ImportError:  # loaded by path inside the sandbox server, where there is no package
-    import _sandbox_isolation as iso  # type: ignore[no-redef]
-    import _sandbox_repl as repl  # type: ignore[no-redef]
-    import _sandbox_wire as wire  # type: ignore[no-redef]
+    import _copes_sandbox_isolation as iso  # type: ignore[no-redef]
+    import _copes_sandbox_repl as repl  # type: ignore[no-redef]
+    import _copes_sandbox_wire as wire  # type: ignore[no-redef]
 
 logger = logging.getLogger("copes.sandbox.session")
 
@@ -54,7 +53,7 @@ class SessionSpec:
     Attributes:
         server_pid: the server's pid (to notice that it died before we armed our death signal).
         is_root: whether the server runs as root (then `uid` is the session's own uid).
-        visible: the private root's bind list (see `_sandbox_server.visible_paths`).
+        visible: the private root's bind list (see `server.visible_paths`).
         limits: the caller's `SessionLimits` as a dict.
         uid: the session's private uid, or None when not root.
         scratch: an empty host directory owned by the session: the new root's mount point,
