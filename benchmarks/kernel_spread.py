@@ -49,9 +49,10 @@ def episodes(dtype: str, tasks: int, threads: int) -> dict:
     import torch
 
     from copes.agents.hf import HFPolicy
+    from copes.agents.models import shipped_tiny_agent
     from copes.agents.policy import SamplingConfig
     from copes.agents.rollout import rollout
-    from copes.agents.tiny import machine_info, shipped_tiny_agent
+    from copes.agents.tiny import machine_info
     from copes.envs.presets import tool_math_env, tool_qa_env
     from copes.envs.tasks.synthetic import synthetic_math_tasks, synthetic_qa_tasks
 

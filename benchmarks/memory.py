@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(json.dumps(result))
         return result
     if args.model == "tiny":  # build (or find) the agent once, not in every child at once
-        from copes.agents.hf import resolve_model_path
+        from copes.agents.models import resolve_model_path
 
         args.model = resolve_model_path("tiny")
     pairs = [(o, n) for n in args.lengths for o in args.optimizers]

@@ -19,7 +19,7 @@ float32 a batched matmul may round differently and flip a greedy token).
 With `--noise lowrank` both evaluators run the low-rank family (sequential: the delta added
 to the weights; batched: N rank-r adapters on the unperturbed weights). With `--backend vllm`
 sequential members are perturbed in place in the engine, one after another, and batched ones
-are N LoRA adapters in one vLLM batch (`copes.agents.vllm_population`).
+are N LoRA adapters in one vLLM batch (`copes.agents.vllm.population`).
 
 Writes benchmarks/results/population_batch.json (or --out).
 """

@@ -248,7 +248,7 @@ def main() -> None:
     clock = time.perf_counter()
     with tempfile.TemporaryDirectory() as scratch:
         if args.model:
-            from copes.agents.hf import resolve_model_path
+            from copes.agents.models import resolve_model_path
 
             path, label = resolve_model_path(args.model), Path(args.model).name
             max_model_len = None

@@ -193,7 +193,7 @@ def vllm_slot_rank(rank: int) -> int | None:
 
     if importlib.util.find_spec("vllm") is None:
         return None
-    from copes.agents.vllm import lora_slot_rank
+    from copes.agents.vllm.policy import lora_slot_rank
 
     return lora_slot_rank(rank)
 
@@ -206,7 +206,7 @@ def dry_run(config: Any, optimizer_overrides: dict[str, Any]) -> dict[str, Any]:
     """
     from transformers import AutoConfig
 
-    from copes.agents.hf import resolve_model_path
+    from copes.agents.models import resolve_model_path
     from copes.optimizers.memory import ModelShape, compare_optimizers
     from copes.train import public_settings
 

@@ -275,14 +275,28 @@ def benchmark_names() -> list[str]:
     return list(_REGISTRY)
 
 
+def _reasoning_gym_benchmark(name: str) -> Benchmark:
+    """The `Benchmark` ``rg:<name>``, made on first lookup (`get_benchmark`)."""
+    from copes.envs.tasks import reasoning_gym as rg
+
+    rg.check_dataset(name)  # an unknown name or a missing install fails here, at lookup
+
+    def load(split: str, limit: int | None, seed: int = 0) -> list[Task]:
+        return rg.reasoning_gym_tasks(name, split, limit, seed)
+
+    grader = None if name in rg.MATH_GRADED else rg.ReasoningGymScorer(name)
+    return Benchmark(
+        f"rg:{name}", load, kind="math", split="test", grader=grader, generated=True,
+        source=None,
+    )  # fmt: skip
+
+
 def get_benchmark(name: str) -> Benchmark:
     """The benchmark called `name`; ValueError listing the known names if there is none."""
     if name in _REGISTRY:
         return _REGISTRY[name]
     if name.startswith(REASONING_GYM_PREFIX):
-        from copes.envs.tasks.reasoning_gym import reasoning_gym_benchmark
-
-        return register_benchmark(reasoning_gym_benchmark(name[len(REASONING_GYM_PREFIX) :]))
+        return register_benchmark(_reasoning_gym_benchmark(name[len(REASONING_GYM_PREFIX) :]))
     if ":" in name:  # module:name, as gym.make does
         module, _, short = name.partition(":")
         try:

@@ -35,7 +35,7 @@ from copes.run_log import (
 from copes.seeding import derive_seed
 
 if TYPE_CHECKING:
-    from copes.agents.population import PopulationPolicy
+    from copes.agents.hf.population import PopulationPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -519,7 +519,7 @@ def build_policy(config: TrainConfig, lora: tuple[int, int] | None = None) -> Po
 
     template_kwargs = template_kwargs_for(config.enable_thinking, config.chat_template_kwargs)
     if config.backend == "vllm":
-        from copes.agents.vllm import VLLMPolicy
+        from copes.agents.vllm.policy import VLLMPolicy
 
         return VLLMPolicy.from_pretrained(
             config.model, dtype=config.dtype, seed=config.seed, device=config.device,
@@ -529,7 +529,7 @@ def build_policy(config: TrainConfig, lora: tuple[int, int] | None = None) -> Po
             chat_template_kwargs=template_kwargs,
             lora_members=lora[0] if lora else 0, lora_rank=lora[1] if lora else 0,
         )  # fmt: skip
-    from copes.agents.hf import HFPolicy
+    from copes.agents.hf.policy import HFPolicy
 
     return HFPolicy.from_pretrained(
         config.model, device=config.device, dtype=config.dtype,
@@ -818,7 +818,7 @@ class Trainer:
 
     def start_population(self) -> Any:
         """W Ray actors, each a replica of this policy and training rollout (no weights sent)."""
-        from copes.agents.hf import resolve_model_path
+        from copes.agents.models import resolve_model_path
         from copes.distributed import RayPopulation, ReplicaSpec
 
         c = self.config

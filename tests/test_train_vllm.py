@@ -81,8 +81,8 @@ def test_a_lowrank_copes_run_batched_on_vllm_and_resumed_ends_with_the_transform
 
 
 def test_grpo_on_vllm_trains_the_transformers_copy_and_syncs_the_engine(tmp_path, tiny_agent_dir):
-    from copes.agents.vllm import hf_state_dict
-    from copes.agents.vllm_worker import expected_digest
+    from copes.agents.vllm.policy import hf_state_dict
+    from copes.agents.vllm.worker import expected_digest
     from copes.train import Trainer
 
     grpo = [*FAST, "--model", str(tiny_agent_dir), "--optimizer", "grpo", "--steps", "1",

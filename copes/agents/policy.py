@@ -93,7 +93,7 @@ class Weights(Protocol):
     """The parameters ES/CoPES perturb and update, wherever a backend keeps them.
 
     `copes.optimizers.perturb.WeightSpace` (transformers, one process) and
-    `copes.agents.vllm_weights.VLLMWeights` (every vLLM worker, on its shards) implement it
+    `copes.agents.vllm.weights.VLLMWeights` (every vLLM worker, on its shards) implement it
     with the same noise, bit for bit.
     """
 

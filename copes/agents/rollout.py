@@ -289,7 +289,7 @@ def _run_turns(
 ) -> None:
     """Turn by turn: one batched `generate_ids` call over all unfinished episodes, then
     their env steps in parallel threads. A policy serving a population
-    (`copes.agents.vllm_population`) is called with `generate_turn(prompts, sampling,
+    (`copes.agents.vllm.population`) is called with `generate_turn(prompts, sampling,
     episode indices, turn)` instead, so each row samples as its member alone would."""
     turn = 0
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(episodes)))) as pool:

@@ -42,6 +42,8 @@ from typing import Any
 
 import torch
 
+from copes.agents.models import SHIPPED_WEIGHTS_SHA256, shipped_tiny_agent, weights_digest
+
 logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 5  # bump whenever the recipe changes: it renames the cache folder
@@ -110,59 +112,6 @@ class TinyAgentConfig:
 def default_cache_dir() -> Path:
     """`$COPES_CACHE` or `~/.cache/copes`."""
     return Path(os.environ.get("COPES_CACHE", Path.home() / ".cache" / "copes"))
-
-
-# ---------------------------------------------------------------------- the shipped agent
-SHIPPED_DIR = Path(__file__).parent / "tiny_agent"
-# The agent's identity: every tensor's name and bytes (what a rebuild is compared with).
-SHIPPED_WEIGHTS_SHA256 = "777dc484acd0fd932d75f1ca74bb3b292c962c5241b3ae7e8311783d3524517b"
-# Every shipped file (weights, config, tokenizer, build report): a damaged copy is refused.
-SHIPPED_FILES_SHA256 = "0a6cdbb9f3ba96fcdfeb9569fbc13e3e4d1498cb0c2afbf1a27be59b19dfb924"
-
-
-def weights_digest(folder: str | Path) -> str:
-    """sha256 over the tensors of `folder/model.safetensors` (names sorted, raw bytes)."""
-    import hashlib
-
-    from safetensors.torch import load_file
-
-    state = load_file(str(Path(folder) / "model.safetensors"))
-    digest = hashlib.sha256()
-    for name in sorted(state):
-        digest.update(name.encode())
-        digest.update(state[name].contiguous().view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
-
-
-def files_digest(folder: str | Path) -> str:
-    """sha256 over every file of `folder` (relative names sorted, contents)."""
-    import hashlib
-
-    root = Path(folder)
-    digest = hashlib.sha256()
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
-        digest.update(path.read_bytes())
-    return digest.hexdigest()
-
-
-def shipped_tiny_agent() -> Path:
-    """The folder of the agent that ships with copes, checked against its recorded digest."""
-    if not (SHIPPED_DIR / "model.safetensors").is_file():
-        raise RuntimeError(
-            f"the tiny agent's files are missing from {SHIPPED_DIR}: reinstall copes (the "
-            "package data was not installed), or build one with `python -m copes.agents.tiny "
-            "--rebuild` and pass its folder as --model"
-        )
-    got = files_digest(SHIPPED_DIR)
-    if got != SHIPPED_FILES_SHA256:
-        raise RuntimeError(
-            f"the tiny agent's files in {SHIPPED_DIR} do not match their recorded digest "
-            f"(sha256 {got[:12]}..., expected {SHIPPED_FILES_SHA256[:12]}...): they were "
-            "changed or damaged; reinstall copes (git checkout copes/agents/tiny_agent in a "
-            "clone)"
-        )
-    return SHIPPED_DIR
 
 
 def machine_info() -> dict[str, str]:
@@ -521,7 +470,7 @@ def _build_tiny_agent(
     out_dir: str | Path, config: TinyAgentConfig | None, progress: bool
 ) -> dict[str, Any]:
     from copes.agents.chat import ChatFormat
-    from copes.agents.hf import HFPolicy
+    from copes.agents.hf.policy import HFPolicy
     from copes.envs.tasks.synthetic import synthetic_corpus_text
 
     config = config or TinyAgentConfig()

@@ -152,7 +152,7 @@ def load_policy(
     """The policy for `model` on `backend`; vLLM is optional and says how to get it."""
     if backend == "vllm":
         try:
-            from copes.agents.vllm import VLLMPolicy
+            from copes.agents.vllm.policy import VLLMPolicy
 
             return VLLMPolicy.from_pretrained(
                 model, dtype=dtype, tensor_parallel_size=tensor_parallel_size,
@@ -160,7 +160,7 @@ def load_policy(
             )  # fmt: skip
         except ImportError as exc:
             raise BackendUnavailable(f"{VLLM_HINT} ({type(exc).__name__}: {exc})") from exc
-    from copes.agents.hf import HFPolicy, resolve_device
+    from copes.agents.hf.policy import HFPolicy, resolve_device
 
     if dtype == "auto":
         dtype = "bfloat16" if resolve_device(device).type == "cuda" else "float32"

@@ -108,7 +108,7 @@ class CopesRollout:
         return task_dataset(self._envs[0], tasks, conversational=conversational)
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, Any]:
-        from copes.agents.hf import HFPolicy
+        from copes.agents.hf.policy import HFPolicy
         from copes.agents.policy import SamplingConfig
         from copes.agents.rollout import rollout
         from copes.seeding import derive_seed

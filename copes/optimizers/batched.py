@@ -4,13 +4,13 @@ The `PopulationEvaluator` for models whose N perturbed copies fit in memory (the
 on a CPU, models up to a few billion parameters on one large GPU). Each member's weights are
 built exactly as sequential evaluation builds them (the same `WeightSpace.perturb` of the
 same seed and subspace, copied into a stack, then restored), all members' episodes run in
-one episode loop with each row computing with its own copy (`copes.agents.population`), and
+one episode loop with each row computing with its own copy (`copes.agents.hf.population`), and
 the rewards go to the same `tell`. Only the rollout is batched: noise, partition and update
 are untouched, and the logged seeds and rewards replay as before.
 
 `--noise lowrank` members are served without weight copies: as per-row adapters in the
 transformers episode loop (`LowRankPopulation`), or on vLLM as one LoRA adapter per member
-in one engine batch (`copes.agents.vllm_population`).
+in one engine batch (`copes.agents.vllm.population`).
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from copes.agents.population import LowRankPopulation
+from copes.agents.hf.population import LowRankPopulation
 from copes.optimizers.es import MemberResult
 
 if TYPE_CHECKING:
     import torch
 
-    from copes.agents.hf import HFPolicy
+    from copes.agents.hf.policy import HFPolicy
     from copes.agents.rollout import RolloutBatch
     from copes.optimizers.perturb import Perturbation
 
@@ -65,7 +65,7 @@ def check_population_fits(
 ) -> tuple[int, int]:
     """(bytes the N copies, or with `rank` > 0 the N members' low-rank factors, need; bytes
     free); raises ValueError when they do not fit."""
-    from copes.agents.population import StackedModel
+    from copes.agents.hf.population import StackedModel
 
     if rank:
         need = LowRankPopulation.bytes_needed(model, members, rank)
@@ -88,7 +88,7 @@ def check_population_fits(
 class BatchedEvaluator:
     """All members of a step in one batched rollout: one episode loop over stacked
     per-member weights or adapters (transformers), or one vLLM batch of per-member LoRA
-    adapters (`--backend vllm --noise lowrank`, `copes.agents.vllm_population`).
+    adapters (`--backend vllm --noise lowrank`, `copes.agents.vllm.population`).
 
     Args:
         policy: the run's `HFPolicy` (its weights are perturbed, copied and restored here)
@@ -111,8 +111,8 @@ class BatchedEvaluator:
         on_batch: Callable[[int, RolloutBatch], None] | None = None,
         rank: int = 0,
     ) -> None:
-        from copes.agents.population import PopulationPolicy, StackedModel
-        from copes.agents.vllm import VLLMPolicy
+        from copes.agents.hf.population import PopulationPolicy, StackedModel
+        from copes.agents.vllm.policy import VLLMPolicy
 
         if not hasattr(rollout, "population"):
             raise TypeError("the batched evaluator needs a rollout with `population` (TaskRollout)")
@@ -124,7 +124,7 @@ class BatchedEvaluator:
         # unloaded right after the rollout so that nothing else is served with them.
         self.on_vllm = isinstance(policy, VLLMPolicy)
         if self.on_vllm:
-            from copes.agents.vllm_population import VLLMLowRankPopulation
+            from copes.agents.vllm.population import VLLMLowRankPopulation
 
             if not rank:
                 raise ValueError(FULL_RANK_ON_VLLM)

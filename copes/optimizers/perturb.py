@@ -19,7 +19,7 @@ a vLLM worker or a Ray actor. Nothing of size d is ever stored besides one maste
   m x n matrix is A B^T / sqrt(r) with A (m x r) and B (n x r) standard normal, regenerated
   from seeds like the full-rank noise. CoPES's subspaces are then a stratified random
   partition of each matrix's rows (the deal continues across matrices), so a member's delta
-  stays rank r and it can be served as an adapter (`copes.agents.population`). 1-D tensors
+  stays rank r and it can be served as an adapter (`copes.agents.hf.population`). 1-D tensors
   (norm scales, biases) hold still in this family: no adapter can carry them per member.
 - **Tensors may be shards.** Noise and partition are defined on each full (Hugging Face)
   tensor; a tensor-parallel engine that holds rows or columns of it (`Shard`) applies exactly

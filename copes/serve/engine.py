@@ -21,7 +21,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from copes.agents.hf_engine import Reprompt
+from copes.agents.hf.engine import Reprompt
 from copes.agents.policy import Generation, SamplingConfig
 from copes.agents.rollout import turn_seed
 from copes.serve.sessions import PendingTurn, Session, Turn

@@ -23,7 +23,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from copes.agents.hf_engine import Reprompt
+from copes.agents.hf.engine import Reprompt
 from copes.serve.wire import ServeError, TurnRequest, context_error
 
 ENDED = object()  # queued when a session's reward arrives: its episode is over

@@ -1,11 +1,11 @@
-"""The HF backend's episode loop (copes.agents.hf_engine, kv_batch, sampling) on the real tiny
+"""The HF backend's episode loop (copes.agents.hf.engine, kv_batch, sampling) on the real tiny
 agent: KV caches kept across turns give the turns that turn-by-turn generation gives."""
 
 import pytest
 import torch
 
 from copes.agents.hf import HFPolicy
-from copes.agents.kv_batch import KVBatch, SlotBatch
+from copes.agents.hf.kv_batch import KVBatch, SlotBatch
 from copes.agents.policy import EpisodePolicy, SamplingConfig
 from copes.agents.rollout import rollout
 from copes.agents.sampling import filtered_logits, sample_tokens, stream
@@ -179,7 +179,7 @@ def test_later_turns_match_generate_ids_on_the_whole_sequence(tiny_policy, archi
     (rotary and learned position embeddings), and through a peft wrapper (LoRA-GRPO)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from copes.agents.kv_batch import cache_argument
+    from copes.agents.hf.kv_batch import cache_argument
 
     architecture, _, lora = architecture.partition("+")
     tokenizer = tiny_policy.tokenizer

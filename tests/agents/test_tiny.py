@@ -93,33 +93,33 @@ def test_warm_start_knows_the_tool_format(tiny_policy):
 
 
 def test_the_shipped_agent_is_the_recorded_one():
-    from copes.agents import tiny
+    from copes.agents import models, tiny
 
-    folder = tiny.shipped_tiny_agent()
+    folder = models.shipped_tiny_agent()
     assert tiny.ensure_tiny_agent() == folder  # the default recipe never builds
-    assert tiny.files_digest(folder) == tiny.SHIPPED_FILES_SHA256
-    assert tiny.weights_digest(folder) == tiny.SHIPPED_WEIGHTS_SHA256
+    assert models.files_digest(folder) == models.SHIPPED_FILES_SHA256
+    assert models.weights_digest(folder) == models.SHIPPED_WEIGHTS_SHA256
     report = json.loads((folder / "copes_tiny.json").read_text())
-    assert report["weights_sha256"] == tiny.SHIPPED_WEIGHTS_SHA256  # the build's own record
+    assert report["weights_sha256"] == models.SHIPPED_WEIGHTS_SHA256  # the build's own record
     assert report["fingerprint"] == TinyAgentConfig().fingerprint()
 
 
 def test_a_changed_shipped_file_is_refused(tmp_path, monkeypatch):
     import shutil
 
-    from copes.agents import tiny
+    from copes.agents import models
 
     copy = tmp_path / "tiny_agent"
-    shutil.copytree(tiny.shipped_tiny_agent(), copy)
-    monkeypatch.setattr(tiny, "SHIPPED_DIR", copy)
-    assert tiny.shipped_tiny_agent() == copy
+    shutil.copytree(models.shipped_tiny_agent(), copy)
+    monkeypatch.setattr(models, "SHIPPED_DIR", copy)
+    assert models.shipped_tiny_agent() == copy
     config = json.loads((copy / "config.json").read_text())
     (copy / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 1e-5}))
     with pytest.raises(RuntimeError, match="do not match their recorded digest"):
-        tiny.shipped_tiny_agent()
+        models.shipped_tiny_agent()
     (copy / "model.safetensors").unlink()
     with pytest.raises(RuntimeError, match="missing"):
-        tiny.shipped_tiny_agent()
+        models.shipped_tiny_agent()
 
 
 @pytest.mark.slow
@@ -127,7 +127,8 @@ def test_the_recipe_builds_once_into_the_cache_and_reuses_it(tmp_path):
     """The build path itself (the shipped agent is its full-size output): a small recipe."""
     from transformers import AutoModelForCausalLM
 
-    from copes.agents.tiny import ensure_tiny_agent, weights_digest
+    from copes.agents.models import weights_digest
+    from copes.agents.tiny import ensure_tiny_agent
 
     small = TinyAgentConfig(
         math_transcripts=12, qa_transcripts=12, copy_pretrain_steps=3, copy_batch_size=4,
@@ -145,8 +146,7 @@ def test_the_recipe_builds_once_into_the_cache_and_reuses_it(tmp_path):
 
 
 def test_tiny_name_resolves_to_the_shipped_agent(tiny_agent_dir, monkeypatch, tmp_path):
-    from copes.agents.hf import resolve_model_path
-    from copes.agents.tiny import SHIPPED_DIR
+    from copes.agents.models import SHIPPED_DIR, resolve_model_path
 
     monkeypatch.setenv("COPES_CACHE", str(tmp_path))  # no cache is read or written
     assert resolve_model_path("tiny") == str(SHIPPED_DIR)

@@ -105,8 +105,8 @@ def test_members_served_as_lora_adapters_equal_the_same_members_perturbed_in_pla
 def test_every_step_gets_new_adapter_ids_and_drops_the_last_steps(lora_engine):
     import tempfile
 
-    from copes.agents.vllm import scratch_dir
-    from copes.agents.vllm_population import VLLMLowRankPopulation
+    from copes.agents.vllm.population import VLLMLowRankPopulation
+    from copes.agents.vllm.weights import scratch_dir
 
     population = VLLMLowRankPopulation(lora_engine, MEMBERS, RANK)
     try:
@@ -126,7 +126,7 @@ def test_every_step_gets_new_adapter_ids_and_drops_the_last_steps(lora_engine):
 
 
 def test_more_members_than_the_engines_lora_slots_are_refused(lora_engine):
-    from copes.agents.vllm_population import VLLMLowRankPopulation
+    from copes.agents.vllm.population import VLLMLowRankPopulation
 
     with pytest.raises(
         ValueError, match=r"serves 4 LoRA adapter\(s\) of rank <= 8.*lora_members=5"

@@ -65,8 +65,8 @@ def qwen3_5(family_dir):
     from vllm.model_executor.model_loader import get_model_loader
     from vllm.utils.torch_utils import set_default_torch_dtype
 
-    import copes.agents.vllm_worker as worker
-    from copes.agents.vllm import hf_layout
+    import copes.agents.vllm.worker as worker
+    from copes.agents.vllm.policy import hf_layout
 
     # A class, not vLLM's lazy entry: inspected here, not in a subprocess without the stub.
     ModelRegistry.register_model("Qwen3_5ForCausalLM", Qwen3_5ForCausalLM)
@@ -93,7 +93,7 @@ def qwen3_5(family_dir):
 
 
 def test_every_view_holds_the_hf_tensor(qwen3_5):
-    from copes.agents.vllm_map import hf_views, tensor_digest, vllm_name
+    from copes.agents.vllm.weight_map import hf_views, tensor_digest, vllm_name
 
     model, hf, layout = qwen3_5
     views, shards = hf_views(model, layout)
@@ -123,7 +123,7 @@ def test_the_packed_modules_mapping_alone_would_be_wrong(qwen3_5):
 
 
 def test_copes_noise_lands_on_the_same_bits(qwen3_5):
-    from copes.agents.vllm_map import hf_views
+    from copes.agents.vllm.weight_map import hf_views
     from copes.optimizers.perturb import Perturbation, Subspace, WeightSpace
 
     model, hf, layout = qwen3_5
@@ -147,7 +147,7 @@ def test_a_vision_language_qwen3_5_checkpoint_starts_vllm_as_its_text_model(tmp_
     `AutoModelForCausalLM` loads their text model, and vLLM is told to do the same."""
     from transformers import Qwen3_5Config
 
-    from copes.agents.vllm import hf_layout, text_only_override
+    from copes.agents.vllm.policy import hf_layout, text_only_override
 
     text = dict(
         hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,

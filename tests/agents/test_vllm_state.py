@@ -4,7 +4,7 @@ import copy
 
 import torch
 
-from copes.agents.vllm import hf_layout, hf_state_dict
+from copes.agents.vllm.policy import hf_layout, hf_state_dict
 
 
 def test_layout_is_the_hf_parameter_order_with_tied_weights_once(tiny_agent_dir, tiny_policy):

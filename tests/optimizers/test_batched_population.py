@@ -4,7 +4,7 @@ and a step's rewards equal sequential evaluation's (float64: exactly)."""
 import pytest
 import torch
 
-from copes.agents.population import StackedModel
+from copes.agents.hf.population import StackedModel
 from copes.optimizers.perturb import Perturbation, Subspace, WeightSpace
 
 

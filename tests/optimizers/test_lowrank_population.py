@@ -5,7 +5,7 @@ evaluation's of the same low-rank members (float64)."""
 import pytest
 import torch
 
-from copes.agents.population import LowRankPopulation, StackedModel
+from copes.agents.hf.population import LowRankPopulation, StackedModel
 from copes.optimizers.perturb import Perturbation, Subspace, WeightSpace
 from tests.optimizers.test_batched_population import _random_model, _rollout
 

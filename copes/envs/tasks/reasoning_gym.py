@@ -50,6 +50,11 @@ def _dataset(name: str, size: int, seed: int) -> Any:
     return reasoning_gym.create_dataset(name, size=size, seed=seed)
 
 
+def check_dataset(name: str) -> None:
+    """Fail now on an unknown dataset name or a missing reasoning-gym install."""
+    _dataset(name, 1, 0)
+
+
 def reasoning_gym_tasks(
     name: str, split: str, limit: int | None = None, seed: int = 0
 ) -> list[Task]:
@@ -101,19 +106,3 @@ class ReasoningGymScorer:
             )
         score = float(self._scorer.score_answer(answer, entry))
         return Grade(score, score == 1.0, {"prediction": answer, "gold": list(task.answers)})
-
-
-def reasoning_gym_benchmark(name: str) -> Any:
-    """The `Benchmark` ``rg:<name>``; made on first lookup (`copes.registry.get_benchmark`)."""
-    from copes.registry import Benchmark
-
-    _dataset(name, 1, 0)  # an unknown name or a missing install fails here, at lookup
-
-    def load(split: str, limit: int | None, seed: int = 0) -> list[Task]:
-        return reasoning_gym_tasks(name, split, limit, seed)
-
-    grader = None if name in MATH_GRADED else ReasoningGymScorer(name)
-    return Benchmark(
-        f"rg:{name}", load, kind="math", split="test", grader=grader, generated=True,
-        source=None,
-    )  # fmt: skip

@@ -1,5 +1,5 @@
 """KV caches of many token sequences in one batch, for a decode loop whose rows come and go
-(`copes.agents.hf_engine`).
+(`copes.agents.hf.engine`).
 
 Layout: per model layer, keys and values of shape ``[rows, kv_heads, width, head_dim]`` (the
 layout of a transformers `DynamicCache`). ``mask[r, c]`` is 1 where column ``c`` of row ``r``

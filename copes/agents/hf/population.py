@@ -33,7 +33,7 @@ import torch
 from copes.agents.adapters import adapter_targets
 
 if TYPE_CHECKING:
-    from copes.agents.hf import HFPolicy
+    from copes.agents.hf.policy import HFPolicy
     from copes.agents.policy import Generation, SamplingConfig
 
 
@@ -403,7 +403,7 @@ class PopulationPolicy:
         threads: int = 16,
         turn_limits: Any = None,
     ) -> dict[str, float]:
-        from copes.agents.hf_engine import EpisodeEngine
+        from copes.agents.hf.engine import EpisodeEngine
 
         if len(prompts) != len(self._members):
             raise ValueError(

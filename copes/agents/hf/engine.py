@@ -29,13 +29,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from copes.agents.kv_batch import KVBatch, SlotBatch
+from copes.agents.hf.kv_batch import KVBatch, SlotBatch
 from copes.agents.policy import FinishReason, Generation, SamplingConfig
 from copes.agents.sampling import chosen_logprobs, sample_tokens, stream
 
 if TYPE_CHECKING:
-    from copes.agents.hf import HFPolicy
-    from copes.agents.population import PopulationPolicy
+    from copes.agents.hf.policy import HFPolicy
+    from copes.agents.hf.population import PopulationPolicy
 
 # Decode steps a row's `next_turn` (its tool call) overlaps before the row must re-join.
 TOOL_OVERLAP_STEPS = 3

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from copes.agents.chat import ChatFormat
-from copes.agents.kv_batch import supports_kv_batch
+from copes.agents.hf.kv_batch import supports_kv_batch
+from copes.agents.models import resolve_model_path
 from copes.agents.policy import ChatGeneration, FinishReason, Generation, SamplingConfig
 
 if TYPE_CHECKING:
@@ -40,22 +41,6 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     if device is None or device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
-
-
-def resolve_model_path(name_or_path: str | Path) -> str:
-    """`tiny` -> the shipped agent's folder (digest-checked); paths and hub ids as given."""
-    if str(name_or_path) == "tiny":
-        from copes.agents.tiny import ensure_tiny_agent
-
-        return str(ensure_tiny_agent())
-    folder = Path(name_or_path).expanduser()
-    if folder.is_dir() and not (folder / "config.json").is_file():
-        raise FileNotFoundError(
-            f"model folder {str(name_or_path)!r} has no config.json: not a Hugging Face model "
-            "folder (it needs config.json, the weights and the tokenizer files; "
-            "save_pretrained writes them)"
-        )
-    return str(name_or_path)
 
 
 class HFPolicy(ChatGeneration):
@@ -203,9 +188,9 @@ class HFPolicy(ChatGeneration):
         turn_limits: Any = None,
     ) -> dict[str, float]:
         """Run whole multi-turn episodes in one continuous-batching loop, keeping each
-        episode's KV cache across turns (`copes.agents.hf_engine`; `EpisodePolicy`;
+        episode's KV cache across turns (`copes.agents.hf.engine`; `EpisodePolicy`;
         `turn_limits` and `next_turn` returning a `Reprompt`: served sessions)."""
-        from copes.agents.hf_engine import EpisodeEngine
+        from copes.agents.hf.engine import EpisodeEngine
 
         if not self.supports_episodes:
             raise NotImplementedError(

@@ -1,13 +1,15 @@
 """`VLLMWeights`: the `WeightSpace` of a `VLLMPolicy`, living in the vLLM workers.
 
 The optimizers call perturb/restore/update/checksum on it exactly as on a `WeightSpace`; each
-call runs `copes.agents.vllm_worker.CopesWorkerExtension` in every worker through
+call runs `copes.agents.vllm.worker.CopesWorkerExtension` in every worker through
 `collective_rpc`, and every change resets the engine's prefix cache.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
+import shutil
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,11 +17,18 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from copes.agents.vllm import scratch_dir
 from copes.optimizers.perturb import DEFAULT_CHUNK_SIZE, Perturbation
 
 if TYPE_CHECKING:
-    from copes.agents.vllm import VLLMPolicy
+    from copes.agents.vllm.policy import VLLMPolicy
+
+
+def scratch_dir(needed_bytes: int) -> str | None:
+    """Where weight files for the workers go: shared memory when it has room (containers
+    often give /dev/shm 64 MiB), else the temporary directory (`TMPDIR`)."""
+    shm = "/dev/shm"
+    writable = os.path.isdir(shm) and os.access(shm, os.W_OK)
+    return shm if writable and shutil.disk_usage(shm).free > 1.2 * needed_bytes else None
 
 
 class VLLMWeights:
@@ -48,7 +57,7 @@ class VLLMWeights:
         self.policy.reset_cache()
 
     def perturb(self, perturbation: Perturbation) -> None:
-        from copes.agents.vllm_worker import encode_perturbation
+        from copes.agents.vllm.worker import encode_perturbation
 
         self._call("copes_perturb", encode_perturbation(perturbation))
         self._changed()
@@ -63,7 +72,7 @@ class VLLMWeights:
         coefficients: Sequence[float],
         learning_rate: float,
     ) -> None:
-        from copes.agents.vllm_worker import encode_perturbation
+        from copes.agents.vllm.worker import encode_perturbation
 
         if len(perturbations) != len(coefficients):
             raise ValueError("one coefficient per perturbation is required")

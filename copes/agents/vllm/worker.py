@@ -1,7 +1,7 @@
 """What runs inside the vLLM workers: HF-named views of the engine's weights, and ES on them.
 
 Every HF parameter is mapped to a *view* into the engine's tensor that holds it, plus the
-`Shard` of the full HF tensor that view is (`copes.agents.vllm_map`). The views alias the
+`Shard` of the full HF tensor that view is (`copes.agents.vllm.weight_map`). The views alias the
 engine's storage: the `WeightSpace` built on them perturbs, restores and updates the weights
 the engine computes with, in place, with the same noise as the transformers backend at any TP
 degree.
@@ -29,7 +29,7 @@ from vllm.model_executor.layers.linear import LinearBase
 from vllm.model_executor.model_loader import register_model_loader
 from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
 
-from copes.agents.vllm_map import Layout, digest, hf_views, shard_of, tensor_digest
+from copes.agents.vllm.weight_map import Layout, digest, hf_views, shard_of, tensor_digest
 from copes.optimizers.perturb import Perturbation, Shard, Subspace, WeightSpace
 
 logger = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """`VLLMLowRankPopulation`: a step's low-rank members served as LoRA adapters in one vLLM batch.
 
-The vLLM counterpart of `copes.agents.population.LowRankPopulation`. Each member of a
+The vLLM counterpart of `copes.agents.hf.population.LowRankPopulation`. Each member of a
 `--noise lowrank` step becomes a PEFT LoRA adapter (`copes.agents.adapters`) written by the
 engine's rank-0 worker from the member's seed, on the device the in-place member and the
 update draw it on; every episode's rows then carry its member's `LoRARequest`, and vLLM's
@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING, Any
 
 from copes.agents.adapters import adapter_targets
 from copes.agents.rollout import turn_seed
-from copes.agents.vllm import scratch_dir
+from copes.agents.vllm.weights import scratch_dir
 
 if TYPE_CHECKING:
     from copes.agents.policy import Generation, SamplingConfig
-    from copes.agents.vllm import VLLMPolicy
+    from copes.agents.vllm.policy import VLLMPolicy
     from copes.optimizers.perturb import Perturbation
 
 
@@ -93,7 +93,7 @@ class VLLMLowRankPopulation:
         """Slots 0..len(members)-1 <- these members' adapters (the last step's are dropped)."""
         from vllm.lora.request import LoRARequest
 
-        from copes.agents.vllm_worker import encode_perturbation
+        from copes.agents.vllm.worker import encode_perturbation
 
         if len(members) > self.members:
             raise ValueError(f"{len(members)} members but room for {self.members}")

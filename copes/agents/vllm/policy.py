@@ -4,8 +4,8 @@ Generation goes through `vllm.LLM` from token ids (the rollout's growing sequenc
 the same `SamplingConfig` semantics as the transformers backend: stop strings kept, per-prompt
 seeds, and the log-prob of every sampled token under the raw model distribution (vLLM's
 default `raw_logprobs`). ES/CoPES never see vLLM: `weights()` returns `VLLMWeights`
-(`copes.agents.vllm_weights`), a proxy with the `WeightSpace` methods that runs them inside the
-workers (`copes.agents.vllm_worker`) on Hugging Face-named views of the engine's fused,
+(`copes.agents.vllm.weights`), a proxy with the `WeightSpace` methods that runs them inside the
+workers (`copes.agents.vllm.worker`) on Hugging Face-named views of the engine's fused,
 sharded tensors.
 
 Weight changes and the prefix cache: every change (perturb, restore, update, a GRPO sync)
@@ -19,8 +19,6 @@ train; before each generation, if its parameters changed, they are copied into t
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,15 +27,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from copes.agents.chat import ChatFormat
-from copes.agents.hf import resolve_model_path
+from copes.agents.models import resolve_model_path
 from copes.agents.policy import ChatGeneration, FinishReason, Generation, SamplingConfig
 
 if TYPE_CHECKING:
-    from copes.agents.vllm_weights import VLLMWeights
+    from copes.agents.vllm.weights import VLLMWeights
 
 logger = logging.getLogger(__name__)
 
-EXTENSION = "copes.agents.vllm_worker.CopesWorkerExtension"
+EXTENSION = "copes.agents.vllm.worker.CopesWorkerExtension"
 
 
 def hf_layout(path: str, trust_remote_code: bool = False) -> list[tuple[str, tuple[int, ...]]]:
@@ -119,14 +117,6 @@ def lora_engine_options(members: int, rank: int) -> dict[str, Any]:
     }
 
 
-def scratch_dir(needed_bytes: int) -> str | None:
-    """Where weight files for the workers go: shared memory when it has room (containers
-    often give /dev/shm 64 MiB), else the temporary directory (`TMPDIR`)."""
-    shm = "/dev/shm"
-    writable = os.path.isdir(shm) and os.access(shm, os.W_OK)
-    return shm if writable and shutil.disk_usage(shm).free > 1.2 * needed_bytes else None
-
-
 class VLLMPolicy(ChatGeneration):
     """A `vllm.LLM` behind the `Policy` interface.
 
@@ -150,7 +140,7 @@ class VLLMPolicy(ChatGeneration):
         source: str = "",
         chat_template_kwargs: dict[str, Any] | None = None,
     ) -> None:
-        from copes.agents.vllm_worker import shards_from_json
+        from copes.agents.vllm.worker import shards_from_json
 
         self.llm = llm
         self.tokenizer = tokenizer
@@ -206,7 +196,7 @@ class VLLMPolicy(ChatGeneration):
         `trainable=True` also loads a transformers copy on `device` in `trainable_dtype`
         (fp32: a 1e-6 AdamW step vanishes in bf16) for GRPO. `lora_members` > 0 enables
         vLLM's multi-LoRA serving for that many rank-`lora_rank` adapters in one batch (the
-        low-rank population, `copes.agents.vllm_population`).
+        low-rank population, `copes.agents.vllm.population`).
         """
         try:
             from vllm import LLM
@@ -218,7 +208,7 @@ class VLLMPolicy(ChatGeneration):
             ) from exc
         from transformers import AutoTokenizer
 
-        import copes.agents.vllm_worker as worker  # registers the unpacked CPU loader
+        import copes.agents.vllm.worker as worker  # registers the unpacked CPU loader
 
         path = resolve_model_path(name_or_path)
         on_cpu = current_platform.is_cpu()
@@ -245,7 +235,7 @@ class VLLMPolicy(ChatGeneration):
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
         model = None
         if trainable:
-            from copes.agents.hf import HFPolicy
+            from copes.agents.hf.policy import HFPolicy
 
             model = HFPolicy.from_pretrained(
                 path, device=device, dtype=trainable_dtype, trust_remote_code=trust_remote_code
@@ -286,7 +276,7 @@ class VLLMPolicy(ChatGeneration):
         self._trainable_dirty = True
 
     def weights(self) -> VLLMWeights:
-        from copes.agents.vllm_weights import VLLMWeights
+        from copes.agents.vllm.weights import VLLMWeights
 
         if self._weights is None:
             self._weights = VLLMWeights(self)
@@ -386,7 +376,7 @@ class VLLMPolicy(ChatGeneration):
         """
         from safetensors.torch import save_file
 
-        from copes.agents.vllm_worker import expected_digest
+        from copes.agents.vllm.worker import expected_digest
 
         if self._trainable is not None and not into_engine:
             target = (
@@ -404,6 +394,8 @@ class VLLMPolicy(ChatGeneration):
             raise KeyError(f"weights lack {len(missing)} tensors of the model, e.g. {missing[:3]}")
         cast = {n: state[n].detach().to("cpu", self.engine_dtype).contiguous() for n in names}
         size = sum(t.numel() * t.element_size() for t in cast.values())
+        from copes.agents.vllm.weights import scratch_dir
+
         with tempfile.TemporaryDirectory(dir=scratch_dir(size)) as folder:
             path = str(Path(folder) / "weights.safetensors")
             # vLLM's loaders read checkpoint names: transformers' own save-time conversion
@@ -442,7 +434,7 @@ class VLLMPolicy(ChatGeneration):
         hold exactly the HF model's tensor (a sha256 per tensor). `state` defaults to the
         trainable copy, else the model folder loaded by transformers on the CPU (once, at
         start: a few seconds per GB)."""
-        from copes.agents.vllm_map import shard_of, tensor_digest
+        from copes.agents.vllm.weight_map import shard_of, tensor_digest
 
         if state is None:
             state = self._reference_state()
@@ -505,5 +497,4 @@ __all__ = [
     "hf_state_dict",
     "lora_engine_options",
     "lora_slot_rank",
-    "scratch_dir",
 ]
