@@ -10,12 +10,30 @@ traceback instead. Anything else (a bug) keeps its traceback.
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable
+from typing import Any
 
 
 class UserError(Exception):
     """A mistake in the user's input; its message says what was wrong and how to fix it."""
+
+
+def json_object_flag(flag: str, text: str | None, example: str) -> dict[str, Any]:
+    """The JSON object a flag holds (`--env-kwargs`, `--chat-template-kwargs`); {} when not
+    given. Raises ValueError (one line, with an example) for text that is not one."""
+    if text is None or text == "":
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(
+            f"{flag} is not JSON ({exc.msg}): {text!r}; e.g. {flag} '{example}'"
+        ) from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{flag} must be a JSON object, got {text!r}; e.g. {flag} '{example}'")
+    return value
 
 
 def _user_error_types() -> tuple[type[BaseException], ...]:

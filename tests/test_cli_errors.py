@@ -87,11 +87,11 @@ def test_debug_shows_the_traceback(files):
 
 
 def test_an_internal_error_keeps_its_traceback(monkeypatch, family_dir, tmp_path):
-    import copes.train
+    import copes.train.loop
 
     def broken(*args, **kwargs):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(copes.train, "build_policy", broken)
+    monkeypatch.setattr(copes.train.loop, "build_policy", broken)
     with pytest.raises(RuntimeError, match="a bug"):
         train_main(["--model", str(family_dir("qwen2")), "--out-dir", str(tmp_path / "r")])

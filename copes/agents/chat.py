@@ -40,6 +40,7 @@ from copes.envs.parsing import (
     split_reasoning,
 )
 from copes.envs.tools.base import FunctionTool
+from copes.errors import json_object_flag
 
 # Unlikely to occur in real text, and without characters a template might strip or escape.
 _PLACEHOLDER = "COPESPLACEHOLDERTURN"
@@ -462,18 +463,7 @@ def template_kwargs_for(
     """Chat-template kwargs of a run: `--chat-template-kwargs` (a JSON object, e.g.
     ``{"date_string": "26 Jul 2024"}``) and `--enable-thinking` (None: the template's
     default). Raises ValueError with the fix for text that is not a JSON object."""
-    kwargs: dict[str, Any] = {}
-    if extra_json:
-        try:
-            kwargs = json.loads(extra_json)
-        except json.JSONDecodeError as exc:
-            raise ValueError(
-                f"--chat-template-kwargs is not JSON ({exc.msg}): {extra_json!r}"
-            ) from None
-        if not isinstance(kwargs, dict):
-            raise ValueError(
-                "--chat-template-kwargs must be a JSON object, e.g. '{\"enable_thinking\": false}'"
-            )
+    kwargs = json_object_flag("--chat-template-kwargs", extra_json, '{"enable_thinking": false}')
     if enable_thinking is not None:
         kwargs["enable_thinking"] = enable_thinking
     return kwargs or None

@@ -1,0 +1,140 @@
+"""The run's parts from its settings: tasks, the env factory, the policy (transformers or
+vLLM, LoRA when GRPO trains adapters) and the optimizer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from copes.agents.policy import Policy
+from copes.errors import UserError
+from copes.optimizers.base import Optimizer
+from copes.optimizers.table import get_optimizer, is_population
+from copes.train.settings import (
+    TrainConfig,
+    parse_env_kwargs,
+)
+
+
+def load_tasks_for(
+    config: TrainConfig, split: str, limit: int, task_seed: int | None = None
+) -> list[Any]:
+    """`limit` tasks of `split`; generated benchmarks draw them with `task_seed` (default:
+    the run's seed)."""
+    from copes.envs.presets import load_tasks
+
+    assert config.benchmark is not None  # resolved by TrainConfig
+    seed = config.seed if task_seed is None else task_seed
+    tasks = load_tasks(
+        config.benchmark, split, data_dir=config.data_dir, limit=limit, task_seed=seed
+    )
+    if not tasks:
+        raise ValueError(f"benchmark {config.benchmark!r} split {split!r} has no tasks")
+    return tasks
+
+
+def env_factory(config: TrainConfig, call_format: str = "tags") -> Callable[[], Any]:
+    """Builds the run's environments (`gym.make` of --env with the benchmark's env kwargs,
+    its grader and --env-kwargs); `call_format` is resolved (`resolve_call_format`)."""
+    import gymnasium as gym
+
+    from copes.envs.core import ToolEnv
+    from copes.registry import get_benchmark
+
+    assert config.env is not None and config.benchmark is not None  # resolved by TrainConfig
+    benchmark = get_benchmark(config.benchmark)
+    kwargs = dict(benchmark.env_kwargs)
+    if benchmark.grader is not None:
+        kwargs["grader"] = benchmark.grader
+    kwargs.update(parse_env_kwargs(config.env_kwargs))
+    placeholder = load_tasks_for(config, config.train_split, 1)
+
+    def make() -> Any:
+        return gym.make(
+            config.env, tasks=placeholder, max_turns=config.max_turns,
+            invalid_penalty=config.invalid_penalty, call_format=call_format,
+            disable_env_checker=True, **kwargs,
+        )  # fmt: skip
+
+    try:
+        probe = make()
+    except TypeError as exc:
+        reason = str(exc).split(" with kwargs")[0][:160]
+        raise UserError(
+            f"--env {config.env} is not a copes ToolEnv factory: it refused tasks=, max_turns=, "
+            f"invalid_penalty=, call_format= or --env-kwargs ({reason})"
+        ) from None
+    if not isinstance(probe.unwrapped, ToolEnv):
+        probe.close()
+        raise UserError(
+            f"--env {config.env} makes a {type(probe.unwrapped).__name__}, not a copes ToolEnv; "
+            "copes-train needs ToolEnv's text turns and reset(options={'task': ...}): build "
+            "your env with copes.envs.ToolEnv or a preset (tool_math_env(extra_tools=[...]))"
+        )
+    probe.close()
+    return make
+
+
+def build_policy(config: TrainConfig, lora: tuple[int, int] | None = None) -> Policy:
+    """The policy of a run; with vLLM, GRPO also gets a transformers copy to train, and
+    `lora` = (members, rank) starts the engine's multi-LoRA serving for a batched
+    low-rank population."""
+    from copes.agents.chat import template_kwargs_for
+
+    template_kwargs = template_kwargs_for(config.enable_thinking, config.chat_template_kwargs)
+    if config.backend == "vllm":
+        from copes.agents.vllm.policy import VLLMPolicy
+
+        return VLLMPolicy.from_pretrained(
+            config.model, dtype=config.dtype, seed=config.seed, device=config.device,
+            tensor_parallel_size=config.tensor_parallel_size,
+            gpu_memory_utilization=config.gpu_memory_utilization,
+            trainable=get_optimizer(config.optimizer).gradients,
+            chat_template_kwargs=template_kwargs,
+            lora_members=lora[0] if lora else 0, lora_rank=lora[1] if lora else 0,
+        )  # fmt: skip
+    from copes.agents.hf.policy import HFPolicy
+
+    return HFPolicy.from_pretrained(
+        config.model, device=config.device, dtype=config.dtype,
+        chat_template_kwargs=template_kwargs,
+    )  # fmt: skip
+
+
+def build_replica_policy(config: TrainConfig, model_path: str) -> Policy:
+    """A `--workers` actor's policy: the run's backend, loaded from `model_path`."""
+    return build_policy(replace(config, model=model_path))
+
+
+def build_optimizer(config: TrainConfig, overrides: dict[str, Any], policy: Policy) -> Optimizer:
+    """The optimizer named in `config` (`copes.optimizers.table`), its config built from
+    `overrides` (CLI flags); a flag it does not use is an error naming it."""
+    spec = get_optimizer(config.optimizer)
+    return spec.build(optimizer_config(config, overrides), policy)
+
+
+def optimizer_config(config: TrainConfig, overrides: dict[str, Any]) -> Any:
+    """The optimizer's own config: its table defaults, the run's seed, then the flags."""
+    spec = get_optimizer(config.optimizer)
+    settings = dict(overrides)
+    if "seed" in spec.flags():
+        settings.setdefault("seed", config.seed)
+    return spec.make_config(settings)
+
+
+def lora_population(config: TrainConfig, overrides: dict[str, Any]) -> tuple[int, int] | None:
+    """(members, rank) the vLLM engine must serve as LoRA adapters for a batched population
+    (`--backend vllm --population-eval batched`), else None; refuses full-rank members
+    there, before any engine starts."""
+    batched = config.population_eval == "batched" or (
+        config.harness is not None and is_population(config.optimizer)  # served: batched
+    )
+    if not batched or config.backend != "vllm":
+        return None
+    opt_config = optimizer_config(config, overrides)
+    if not opt_config.perturbation_rank:
+        from copes.optimizers.batched import FULL_RANK_ON_VLLM
+
+        raise UserError(FULL_RANK_ON_VLLM)
+    return opt_config.population_size, opt_config.perturbation_rank

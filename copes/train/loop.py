@@ -1,0 +1,317 @@
+"""The training loop shared by ES, CoPES, GRPO and LoRA-GRPO: `Trainer`.
+
+Reads top to bottom: build the policy, the environments and the optimizer; then, until the
+budget (steps, generated tokens or wall seconds) is spent: one optimizer step, its metrics,
+validation every `eval_every` steps, a checkpoint every `checkpoint_every` steps. ES/CoPES
+also append every step's rewards to `es_log.jsonl` (fsync'ed), so a killed run resumes from
+its last checkpoint plus the log, without redoing a single rollout, bit-identically.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from copes.agents.policy import SamplingConfig
+from copes.errors import UserError
+from copes.optimizers.table import get_optimizer, is_population
+from copes.run_log import (
+    MetricsLog,
+    append_jsonl,
+    read_jsonl,
+)
+from copes.train.build import (
+    build_optimizer,
+    build_policy,
+    build_replica_policy,
+    env_factory,
+    load_tasks_for,
+    lora_population,
+    optimizer_config,
+)
+from copes.train.resume import RunFolder
+from copes.train.settings import Budget, TrainConfig, public_settings
+from copes.train.task_rollout import TaskRollout
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Trainer(RunFolder):
+    config: TrainConfig
+    optimizer_overrides: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        c = self.config
+        self.run_dir = Path(c.out_dir)
+        from copes.errors import check_device
+
+        check_device(c.device)
+        if not c.resume:  # refuse before anything is built or loaded
+            self._check_fresh_run_dir()
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UserError(
+                f"--out-dir {self.run_dir}: cannot create the run folder ({exc.strerror}); "
+                "choose a writable folder"
+            ) from None
+        if not c.progress:
+            from transformers.utils import logging as transformers_logging
+
+            transformers_logging.disable_progress_bar()
+        # Data and env first: a missing file or a foreign env fails before the model loads.
+        train_tasks = load_tasks_for(c, c.train_split, c.num_train_tasks)
+        eval_tasks = load_tasks_for(c, c.eval_split, c.eval_tasks, c.eval_task_seed)
+        env_factory(c)
+        import torch
+
+        torch.manual_seed(c.seed)
+        self.policy = build_policy(c, lora_population(c, self.optimizer_overrides))
+        self.optimizer = build_optimizer(c, self.optimizer_overrides, self.policy)
+        from copes.agents.chat import resolve_call_format
+
+        self.call_format = resolve_call_format(c.call_format, self.policy.chat)
+        make_env = env_factory(c, self.call_format)
+        samples = self.optimizer.samples_per_task
+        temperature = getattr(c, get_optimizer(c.optimizer).rollout_temperature)
+        sampling = SamplingConfig(c.max_new_tokens, temperature=temperature, top_p=c.top_p)
+        make_train_rollout = partial(
+            TaskRollout, make_env, train_tasks, c.batch_size, samples, sampling, c.seed,
+            c.same_batch, c.max_context,
+        )  # fmt: skip
+        self.train_rollout = make_train_rollout()
+        self._make_train_rollout = make_train_rollout  # what --workers actors build
+        eval_sampling = SamplingConfig(c.max_new_tokens, temperature=c.eval_temperature)
+        self.eval_rollout = TaskRollout(
+            make_env, eval_tasks, len(eval_tasks), c.eval_samples, eval_sampling, c.seed + 1,
+            True, c.max_context,
+        )  # fmt: skip
+        self.evaluator: Any = None
+        self.server: Any = None
+        if c.harness is not None:  # everything is served: members, GRPO groups, validation
+            self._serve(sampling, eval_tasks)
+        elif c.population_eval == "batched":  # N weight copies: refused now if they do not fit
+            from copes.optimizers.batched import BatchedEvaluator
+
+            opt_config = optimizer_config(c, self.optimizer_overrides)
+            evaluator = BatchedEvaluator(
+                self.policy, self.train_rollout, opt_config.population_size,  # type: ignore[arg-type]
+                rank=opt_config.perturbation_rank,
+            )  # fmt: skip
+            self.optimizer.use_evaluator(evaluator)  # type: ignore[attr-defined]
+            self.evaluator = evaluator
+        self.budget = Budget()
+        self.log: MetricsLog | None = None  # opened by run()
+        self.population: Any = None  # --workers: RayPopulation, started by run()
+
+    def _serve(self, sampling: SamplingConfig, eval_tasks: Sequence[Any]) -> None:
+        """Rollouts through the OpenAI-compatible server (`copes.serve`): ES members as
+        sessions of one batched population, GRPO's groups and validation as the policy's."""
+        from copes.serve import HttpHarness, InProcessHarness, PolicyServer, ServedRollout
+        from copes.serve.harness import EnvLoop, load_harness
+
+        c = self.config
+        if c.harness == "http":
+            harness: Any = HttpHarness()
+        elif c.harness == "env":
+            harness = InProcessHarness(EnvLoop(env_factory(c, self.call_format)))
+        else:
+            harness = InProcessHarness(load_harness(c.harness))  # type: ignore[arg-type]
+        self.server = PolicyServer(
+            self.policy, sampling, self.call_format, c.api_key, c.step_timeout,
+            max_context=c.max_context,
+        )  # fmt: skip
+        if is_population(c.optimizer):
+            from copes.serve import ServedEvaluator
+
+            opt_config = optimizer_config(c, self.optimizer_overrides)
+            self.evaluator = ServedEvaluator(
+                self.server, harness, self.policy, self.train_rollout,
+                opt_config.population_size, rank=opt_config.perturbation_rank,
+            )  # fmt: skip
+            self.optimizer.use_evaluator(self.evaluator)  # type: ignore[attr-defined]
+        else:
+            self.train_rollout = ServedRollout(self.server, harness, self.train_rollout)
+        self.eval_rollout = ServedRollout(self.server, harness, self.eval_rollout, "validation")
+
+    # ------------------------------------------------------------------ run
+    def run(self) -> dict[str, Any]:
+        from tqdm.auto import tqdm
+
+        c = self.config
+        # Accept the run before writing anything into its folder (a fresh run's folder was
+        # checked, and created, before the model was loaded).
+        if c.resume:
+            self._check_resume_settings()
+        self._write_run_config()
+        from copes.reporting import parse_report_to
+
+        reporters = [r for r in parse_report_to(c.report_to) if c.tensorboard or r != "tensorboard"]
+        self.log = MetricsLog(self.run_dir, reporters, config=public_settings(self.config),
+                              project="copes-train")  # fmt: skip
+        if c.resume:
+            self._resume()
+        if self.server is not None:  # the run is accepted: serve it
+            self.server.policy_version = self.budget.steps
+            url = self.server.start(c.host, c.port)
+            logger.info("serving the policy at %s/v1 (ask/tell: %s/copes/v1/ask)", url, url)
+        start_seconds = self.budget.seconds
+        clock = time.perf_counter()
+        if self._validation_due() and not self.log.has("validation", self.budget.steps):
+            self.validate()  # step 0, or one a kill lost: the same weights, the same draws
+        bar = tqdm(
+            total=c.steps, initial=self.budget.steps, desc="training", disable=not c.progress
+        )
+        try:
+            if c.workers:  # ES/CoPES members on Ray actors (TrainConfig checks the optimizer)
+                self.population = self.start_population()
+                self.optimizer.use_evaluator(self.population)
+            while not self.budget.exhausted(c):
+                step = self.budget.steps
+                stats = self.optimizer.step(self.policy, self.train_rollout, step)
+                self.budget.steps += 1
+                if self.server is not None:  # the weights changed: the policy's new name
+                    self.server.policy_version = self.budget.steps
+                self.budget.tokens += stats.generated_tokens
+                self.budget.seconds = start_seconds + time.perf_counter() - clock
+                if self.optimizer.replays:  # the replay log: on disk before anything else
+                    entry = {
+                        **stats.log,
+                        "tokens": self.budget.tokens,
+                        "seconds": self.budget.seconds,
+                    }
+                    append_jsonl(self.run_dir / "es_log.jsonl", entry, sync=True)
+                self.log.log("train", step, self._train_record(stats))
+                bar.update()
+                bar.set_postfix(reward=f"{stats.metrics['reward_mean']:.3f}")
+                done = self.budget.exhausted(c)
+                if done or (c.eval_every and self.budget.steps % c.eval_every == 0):
+                    self.validate()
+                if done or (c.checkpoint_every and self.budget.steps % c.checkpoint_every == 0):
+                    self.checkpoint()
+            if self._final_checkpoint_missing():  # resumed after the last step was logged
+                self.checkpoint()  # (its validation was kept, or made above)
+        finally:
+            bar.close()
+            self.log.close()
+            self.train_rollout.close()
+            self.eval_rollout.close()
+            if self.population is not None:
+                self.population.close()
+            if self.server is not None:  # clients asking over HTTP hear that it is over
+                self.server.stop(linger=2.0 if self.config.harness == "http" else 0.0)
+        return self.summary()
+
+    def close(self) -> None:
+        """Release the policy's engine (vLLM processes and GPU memory), if it has one."""
+        if self.evaluator is not None:
+            self.evaluator.close()
+        self.policy.close()
+
+    def validate(self) -> dict[str, float]:
+        """pass@1 (averaged over n samples) on the held-out split, with the current weights."""
+        batch = self.eval_rollout(self.policy, 0)  # step 0 always: the same tasks and draws
+        n = len(batch)
+        result = {
+            "accuracy": sum(t.correct for t in batch) / n,
+            "reward_mean": sum(t.reward for t in batch) / n,
+            "tool_calls_mean": sum(t.tool_calls for t in batch) / n,
+            "turns_mean": sum(t.turns for t in batch) / n,
+            "invalid_rate": sum(t.end_reason == "invalid" for t in batch) / n,
+            "generated_tokens_total": self.budget.tokens,
+            "seconds_total": self.budget.seconds,
+        }
+        self.log.log("validation", self.budget.steps, result)
+        self.log.plot()
+        logger.info(
+            "step %d validation reward %.3f accuracy %.3f (ended invalid %.3f)",
+            self.budget.steps, result["reward_mean"], result["accuracy"], result["invalid_rate"],
+        )  # fmt: skip
+        return result
+
+    def checkpoint(self) -> Path:
+        from copes.checkpoint import save_checkpoint
+
+        optimizer_state = self.optimizer.state_dict()
+        tensors = optimizer_state.pop("optimizer_tensors", None)
+        state = {"budget": asdict(self.budget), "optimizer": optimizer_state,
+                 "config": public_settings(self.config)}  # fmt: skip
+        model = self.optimizer.export_model(self.policy)
+        master = self.optimizer.master_state(self.policy, model)  # e.g. fp32 beside bf16
+        return save_checkpoint(
+            self.run_dir, self.budget.steps, model, self.policy.tokenizer, state, tensors, master,
+            keep=self.config.keep_checkpoints,
+        )  # fmt: skip
+
+    def _validation_due(self) -> bool:
+        """Whether the loop validates at the current step: the first, every `eval_every`-th
+        and the last (budget spent)."""
+        steps, every = self.budget.steps, self.config.eval_every
+        return (
+            steps == 0 or bool(every and steps % every == 0) or self.budget.exhausted(self.config)
+        )
+
+    def _final_checkpoint_missing(self) -> bool:
+        """The budget is spent but no checkpoint holds its last step (a run killed, or out of
+        disk, after logging its last ES step and before checkpointing it)."""
+        from copes.checkpoint import latest_checkpoint
+
+        if not self.budget.exhausted(self.config) or self.budget.steps == 0:
+            return False
+        latest = latest_checkpoint(self.run_dir)
+        return latest is None or latest.name != f"step-{self.budget.steps:06d}"
+
+    def start_population(self) -> Any:
+        """W Ray actors, each a replica of this policy and training rollout (no weights sent)."""
+        from copes.agents.models import resolve_model_path
+        from copes.distributed import RayPopulation, ReplicaSpec
+
+        c = self.config
+        if c.backend == "vllm":  # one engine per actor, tensor parallel inside it
+            import torch
+
+            on_gpu = torch.cuda.is_available() and c.device != "cpu"
+            gpus = float(c.tensor_parallel_size) if on_gpu else 0.0
+        else:
+            gpus = 1.0 if self.policy.device.type == "cuda" else 0.0
+        spec = ReplicaSpec(
+            policy_factory=partial(build_replica_policy, c),
+            model_path=resolve_model_path(c.model),
+            rollout_factory=self._make_train_rollout,
+            optimizer_state=self.optimizer.state_dict(),
+            gpus_per_worker=gpus,
+        )
+        population = RayPopulation(spec, c.workers, self.run_dir, c.ray_address, c.checksum_every)
+        return population.attach(self.policy)
+
+    def _train_record(self, stats: Any) -> dict[str, Any]:
+        return {
+            **stats.metrics,
+            "generated_tokens": stats.generated_tokens,
+            "generated_tokens_total": self.budget.tokens,
+            "generation_seconds": stats.generation_seconds,
+            "tool_seconds": stats.env_seconds,
+            "optimizer_seconds": stats.optimizer_seconds,
+            "seconds_total": self.budget.seconds,
+        }
+
+    def summary(self) -> dict[str, Any]:
+        records = read_jsonl(self.run_dir / "metrics.jsonl")
+        val = [r for r in records if r["kind"] == "validation"]
+        return {
+            "run_dir": str(self.run_dir),
+            "steps": self.budget.steps,
+            "generated_tokens": self.budget.tokens,
+            "seconds": round(self.budget.seconds, 1),
+            "validation_accuracy_first": val[0]["accuracy"] if val else None,
+            "validation_accuracy_last": val[-1]["accuracy"] if val else None,
+            "validation_reward_first": val[0]["reward_mean"] if val else None,
+            "validation_reward_last": val[-1]["reward_mean"] if val else None,
+            "checksum": self.optimizer.fingerprint(self.policy),
+        }

@@ -1,0 +1,180 @@
+"""A run's folder, and resuming it: a fresh run refuses a folder that holds one; the run's
+settings are written to config.json once accepted; `--resume` must not change what is trained
+or generated (every difference named), and continues from the latest checkpoint plus the
+es_log.jsonl steps after it (replayed without rollouts, bit-identically), rebuilding train
+records a kill left out of metrics.jsonl."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import MISSING, fields, is_dataclass
+from typing import Any
+
+from copes.errors import UserError
+from copes.run_log import drop_torn_tail, read_jsonl, rebuild_train_record
+from copes.train.settings import RESUMABLE_CHANGES, Budget, public_settings
+
+logger = logging.getLogger(__name__)
+
+
+class RunFolder:
+    """The run-folder half of `Trainer` (it provides run_dir, config, optimizer, policy, log
+    and budget)."""
+
+    def _resume(self) -> None:
+        from copes.checkpoint import (
+            latest_checkpoint,
+            load_master_state,
+            load_optimizer_tensors,
+            load_state,
+        )
+
+        # A SIGKILL may leave half a line: es_log's step is then rolled out again; a torn
+        # train record of a logged step is rebuilt from es_log below.
+        for log in ("es_log.jsonl", "metrics.jsonl"):
+            drop_torn_tail(self.run_dir / log)
+        checkpoint = latest_checkpoint(self.run_dir)
+        if checkpoint is not None:
+            try:
+                state = load_state(checkpoint)
+                self.optimizer.load_weights(self.policy, checkpoint)
+                optimizer_state = dict(state["optimizer"])
+                tensors = load_optimizer_tensors(checkpoint)
+                master = load_master_state(checkpoint)
+                budget = Budget(**state["budget"])
+            except Exception as exc:  # torn, foreign or garbage files: name the checkpoint
+                raise UserError(
+                    f"checkpoint {checkpoint} cannot be read ({type(exc).__name__}: {exc}); "
+                    "point checkpoints/latest at an earlier step-* folder (or remove it to "
+                    "start from the base model plus es_log.jsonl)"
+                ) from exc
+            if tensors is not None:
+                optimizer_state["optimizer_tensors"] = tensors
+            self.optimizer.load_state_dict(optimizer_state)
+            self.budget = budget
+            if master is not None:
+                self.policy.weights().load_master_state(master)
+            logger.info("resuming from %s (step %d)", checkpoint, self.budget.steps)
+        logged = read_jsonl(self.run_dir / "es_log.jsonl") if self.optimizer.replays else []
+        if self.optimizer.replays:
+            entries = [e for e in logged if e["step"] >= self.budget.steps]
+            entries = self._contiguous(entries, self.budget.steps)
+            if entries:
+                self.optimizer.replay(entries, self.policy)
+                last = entries[-1]
+                self.budget = Budget(last["step"] + 1, last["tokens"], last["seconds"])
+                logger.info("replayed %d logged steps without rollouts", len(entries))
+        elif checkpoint is None:
+            logger.info("no checkpoint to resume from: starting from the base model")
+        self.log.resume_at(self.budget.steps, self._rebuilt_train_records(logged))
+
+    def _rebuilt_train_records(self, logged: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Train records of the steps before the resume point that metrics.jsonl lacks (a
+        torn last line, or a kill between the es_log and metrics appends), rebuilt from
+        their es_log entries; a lacking step with no entry (GRPO, whose metrics lines are
+        not fsynced: an OS crash) cannot be rebuilt and is named in a warning."""
+        have = {
+            r["step"] for r in read_jsonl(self.run_dir / "metrics.jsonl") if r["kind"] == "train"
+        }
+        lacking = [s for s in range(self.budget.steps) if s not in have]
+        if not lacking:
+            return []
+        by_step = {int(e["step"]): e for e in logged}
+        rebuilt = [
+            rebuild_train_record(by_step[s], by_step.get(s - 1)) for s in lacking if s in by_step
+        ]
+        if rebuilt:
+            logger.warning(
+                "metrics.jsonl lacked the train record of step(s) %s: rebuilt from es_log.jsonl "
+                "(rewards, tokens, seconds; accuracy and timings are not logged there, so left "
+                "out; marked rebuilt_from)", ", ".join(str(r["step"]) for r in rebuilt),
+            )  # fmt: skip
+        if lost := [s for s in lacking if s not in by_step]:
+            logger.warning(
+                "metrics.jsonl lacks the train record of step(s) %s and no es_log.jsonl entry "
+                "holds them: they stay missing (their weights are in the checkpoint)",
+                ", ".join(map(str, lost)),
+            )
+        return rebuilt
+
+    @staticmethod
+    def _contiguous(entries: list[dict[str, Any]], first: int) -> list[dict[str, Any]]:
+        kept, expected = [], first
+        for entry in sorted(entries, key=lambda e: e["step"]):
+            if entry["step"] != expected:
+                break
+            kept.append(entry)
+            expected += 1
+        return kept
+
+    def _check_fresh_run_dir(self) -> None:
+        existing = [
+            p
+            for p in ("metrics.jsonl", "es_log.jsonl", "checkpoints")
+            if (self.run_dir / p).exists()
+        ]
+        if existing:
+            raise FileExistsError(
+                f"{self.run_dir} already holds a run ({', '.join(existing)}); pass --resume to "
+                "continue it or choose another --out-dir"
+            )
+
+    def _run_config(self) -> dict[str, Any]:
+        record = {
+            "train": public_settings(self.config),
+            "optimizer": self.optimizer.state_dict().get("config"),
+        }
+        return json.loads(json.dumps(record, default=str))  # compared as it is stored
+
+    def _check_resume_settings(self) -> None:
+        """--resume must not change what is trained or generated: compare every setting
+        but the budget and the bookkeeping (RESUMABLE_CHANGES) and name each difference."""
+        path = self.run_dir / "config.json"
+        if not path.exists():
+            return
+        try:
+            saved = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise UserError(
+                f"{path} is not a copes run config ({exc}): not a run folder?"
+            ) from None
+        if not isinstance(saved, dict) or not isinstance(saved.get("train"), dict):
+            raise UserError(
+                f"{path} is not a copes run config (no 'train' settings): --resume needs a "
+                "folder written by copes-train; choose another --out-dir"
+            )
+        record = self._run_config()
+        changed = [
+            f"{k}: {saved['train'].get(k)!r} -> {v!r}"
+            for k, v in record["train"].items()
+            if k not in RESUMABLE_CHANGES and saved["train"].get(k) != v
+        ]
+        old_opt, new_opt = saved.get("optimizer") or {}, record["optimizer"] or {}
+        # A setting added after the run was written (e.g. --noise) had its default then.
+        old_opt = {**self._optimizer_defaults(), **old_opt}
+        changed += [
+            f"{k}: {old_opt.get(k)!r} -> {new_opt.get(k)!r}"
+            for k in sorted(set(old_opt) | set(new_opt))
+            if old_opt.get(k) != new_opt.get(k)
+        ]
+        if changed:
+            raise ValueError(
+                f"--resume with settings that differ from the run in {self.run_dir}: "
+                f"{'; '.join(changed)}. Resume with the original settings, or start a new run "
+                "in another --out-dir"
+            )
+
+    def _optimizer_defaults(self) -> dict[str, Any]:
+        """The optimizer config's defaults, as the run config stores them (JSON)."""
+        config = getattr(self.optimizer, "config", None)
+        if not is_dataclass(config):
+            return {}
+        defaults = {f.name: f.default for f in fields(config) if f.default is not MISSING}
+        return json.loads(json.dumps(defaults, default=str))
+
+    def _write_run_config(self) -> None:
+        path = self.run_dir / "config.json"
+        if self.config.resume and path.exists():
+            return  # checked equal (_check_resume_settings); the budget may have grown
+        path.write_text(json.dumps(self._run_config(), indent=2))
