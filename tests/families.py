@@ -1,7 +1,8 @@
 """Tiny random models of real model families, built offline for the tests.
 
 Each family's model is a few-thousand-parameter instance of its real transformers
-architecture (qwen2, qwen3, qwen3_5 hybrid linear/full attention, qwen3_moe, llama, gemma3),
+architecture (qwen2, qwen3, qwen3_5 hybrid linear/full attention, qwen3_moe, llama, gemma3,
+mistral, gpt_oss, phi3, granite, glm4_moe; R1-Distill is qwen2 with its own template),
 with the family's real chat template (tests/fixtures/chat_templates/, sources in
 SOURCES.md there) and special tokens, and a byte-level BPE tokenizer trained here. It is then
 taught one scripted episode per call format by heart: a tool call in the family's native
