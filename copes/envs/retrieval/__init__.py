@@ -1,0 +1,42 @@
+"""Retrieval for the `search` tool: BM25 backends behind one `Retriever` protocol.
+
+- `PoolRetriever` (`pool`): rank-bm25 over one question's 10-20 passages, in memory.
+- `CorpusRetriever` (`bm25s_index`): exact BM25 (bm25s) over an open corpus held on disk;
+  its build needs RAM in proportion to the corpus (fine to a few million passages).
+- `TantivyRetriever` (`tantivy_index`): a disk-based inverted index (tantivy) built by
+  streaming in bounded memory, for Wikipedia-scale corpora (21M passages).
+- `HTTPRetriever` (`http`): an existing Search-R1 / FlashRAG style retrieval server.
+
+`open_index(path)` loads whichever disk index a folder holds. Corpus files are read by
+`corpus_files`; the passages of a disk index live in a `passage_store`.
+"""
+
+from copes.envs.retrieval.base import (
+    BM25_B,
+    BM25_K1,
+    ENGLISH_STOPWORDS,
+    Retriever,
+    SearchHit,
+    Tokenizer,
+    passage_index_text,
+    top_k_indices,
+)
+from copes.envs.retrieval.bm25s_index import CorpusRetriever
+from copes.envs.retrieval.corpus_files import iter_corpus_jsonl, parse_contents, read_corpus
+from copes.envs.retrieval.pool import PoolRetriever
+
+__all__ = [
+    "BM25_B",
+    "BM25_K1",
+    "ENGLISH_STOPWORDS",
+    "CorpusRetriever",
+    "PoolRetriever",
+    "Retriever",
+    "SearchHit",
+    "Tokenizer",
+    "iter_corpus_jsonl",
+    "parse_contents",
+    "passage_index_text",
+    "read_corpus",
+    "top_k_indices",
+]
