@@ -6,6 +6,7 @@ and split, pass their own tasks, replace the tools, or add one with ``extra_tool
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -129,6 +130,14 @@ def tool_math_env(
     )
 
 
+@functools.cache
+def _shared_http_retriever(url: str, **options: Any) -> Any:
+    """One client per server and settings in a process, shared by every env (thread-safe)."""
+    from copes.envs.retrieval import HTTPRetriever
+
+    return HTTPRetriever(url, **options)
+
+
 def tool_qa_env(
     benchmark: str = "synthetic-qa",
     split: str | None = None,
@@ -145,6 +154,9 @@ def tool_qa_env(
     task_seed: int = 0,
     top_k: int = 3,
     corpus_index: str | Path | None = None,
+    retriever_url: str | None = None,
+    retriever_timeout_s: float | None = None,
+    retriever_retries: int | None = None,
     reward_metric: Literal["f1", "em"] = "f1",
     qa_rule: str | None = None,
     grader: Any = None,
@@ -153,7 +165,9 @@ def tool_qa_env(
     """ToolQA-v0: multi-hop questions, a BM25 search tool, an EM/F1 grader.
 
     Search runs over each question's own passage pool (the distractor setting) unless
-    `corpus_index` names an on-disk open-corpus index (see docs/retrieval.md). EM/F1 follow
+    `corpus_index` names an on-disk open-corpus index or `retriever_url` a Search-R1 style
+    retrieval server's endpoint (`HTTPRetriever`, with `retriever_timeout_s` per attempt and
+    `retriever_retries`; see docs/retrieval.md). EM/F1 follow
     `qa_rule` (`copes.envs.rewards.qa.QA_RULES`); None: the official rule of the tasks'
     benchmark (their `source`), SQuAD v1.1 for benchmarks without one of their own.
     """
@@ -167,20 +181,37 @@ def tool_qa_env(
         raise ValueError("ToolQA: pass grader= or qa_rule= (the default grader's rule), not both")
     else:
         qa_grader = as_grader(grader, QAGrader(metric=reward_metric))
+    if corpus_index is not None and retriever_url is not None:
+        raise ValueError(
+            "ToolQA: pass corpus_index= (a local index) or retriever_url= (a retrieval "
+            "server), not both"
+        )
+    http_options: dict[str, Any] = {
+        name: value
+        for name, value in (("timeout_s", retriever_timeout_s), ("retries", retriever_retries))
+        if value is not None
+    }
+    if http_options and retriever_url is None:
+        raise ValueError(
+            "ToolQA: retriever_timeout_s and retriever_retries only apply with retriever_url="
+        )
     if tools is None:
         from copes.envs.tools.search import SearchTool
 
         retriever = None
         if corpus_index is not None:
-            from copes.envs.retrieval import CorpusRetriever
+            from copes.envs.retrieval import open_index
 
-            retriever = CorpusRetriever.load(corpus_index)
+            retriever = open_index(corpus_index)  # one shared copy per process
+        elif retriever_url is not None:
+            retriever = _shared_http_retriever(retriever_url, **http_options)
         else:
             pool_less = [t.id for t in tasks if not t.passages]
             if pool_less:
                 raise ValueError(
                     f"{len(pool_less)} task(s) have no passages to search (first: "
-                    f"{pool_less[0]!r}); open-corpus benchmarks need corpus_index=<index dir>"
+                    f"{pool_less[0]!r}); open-corpus benchmarks need corpus_index=<index dir> "
+                    "or retriever_url=<retrieval server endpoint>"
                 )
         tools = [SearchTool(retriever=retriever, top_k=top_k)]
     return ToolEnv(

@@ -75,6 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--tensor-parallel-size", type=int, default=1, help="vllm: GPUs one engine spans"
     )
     parser.add_argument("--data-dir", help="local benchmark files (see docs/evaluation.md)")
+    parser.add_argument(
+        "--env-kwargs",
+        help="JSON object for every benchmark's env factory, e.g. open-domain QA over a "
+        'corpus index: \'{"corpus_index": "indexes/wiki18"}\' (docs/retrieval.md)',
+    )
     parser.add_argument("--limit", type=int, help="first N problems of each benchmark")
     parser.add_argument("--temperature", type=float, default=0.6, help="0 = greedy")
     parser.add_argument(
@@ -169,6 +174,44 @@ def load_policy(
     )
 
 
+def parse_eval_env_kwargs(text: str | None) -> dict[str, Any]:
+    """`--env-kwargs`: a JSON object of env arguments copes-eval does not set itself."""
+    from copes.errors import json_object_flag
+
+    kwargs = json_object_flag("--env-kwargs", text, '{"corpus_index": "indexes/wiki18"}')
+    taken = sorted(set(kwargs) & {"tasks", "max_turns", "call_format"})
+    if taken:
+        raise ValueError(
+            f"--env-kwargs sets {', '.join(taken)}, which copes-eval sets itself; use "
+            "--benchmarks, --max-turns and --call-format"
+        )
+    grading = sorted(set(kwargs) & {"grader", "grader_timeout", "qa_rule", "reward_metric"})
+    if grading:
+        raise ValueError(
+            f"--env-kwargs sets {', '.join(grading)}: copes-eval grades with each benchmark's "
+            "registered grader, so that --rescore re-grades the same way; register a benchmark "
+            "with that grader instead (docs/evaluation.md)"
+        )
+    return kwargs
+
+
+def check_envs(benchmarks: Sequence[Any], args: argparse.Namespace) -> None:
+    """Build each benchmark's env once on its first task, so a wrong --env-kwargs (an index
+    folder that is not one, an unknown argument) fails before a model is loaded."""
+    env_kwargs = parse_eval_env_kwargs(args.env_kwargs)
+    if not env_kwargs:
+        return
+    for benchmark in benchmarks:
+        tasks = benchmark.load_tasks(data_dir=args.data_dir, limit=1)
+        try:
+            env = benchmark.make_env(tasks, max_turns=args.max_turns, **env_kwargs)
+        except TypeError as exc:
+            raise ValueError(
+                f"--env-kwargs: {benchmark.name}'s env refused them ({str(exc)[:160]})"
+            ) from None
+        env.close()
+
+
 def _evaluate_one(model: str, out: Path, args: argparse.Namespace, sampling: Any) -> Any:
     import torch
 
@@ -197,6 +240,7 @@ def _evaluate_one(model: str, out: Path, args: argparse.Namespace, sampling: Any
             model_name=model,
             call_format=args.call_format,
             regenerate_changed=args.regenerate_changed,
+            env_kwargs=parse_eval_env_kwargs(args.env_kwargs),
         )
     finally:
         close = getattr(policy, "close", None)
@@ -239,7 +283,7 @@ def run(args: argparse.Namespace) -> int:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise UserError(f"--out {out}: cannot create the folder ({exc.strerror})") from None
-        resolve_benchmarks(args.benchmarks)
+        check_envs(resolve_benchmarks(args.benchmarks), args)
         template_kwargs_for(args.enable_thinking, args.chat_template_kwargs)
         if not args.no_resume:  # samples of tasks that changed since: refused now too
             for folder in [out, baseline_out] if args.baseline else [out]:

@@ -22,7 +22,7 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,7 @@ CONFIG_FILE = "eval_config.json"
 # evaluations in one file.
 _SAMPLE_SETTINGS = (
     "model", "sampling", "max_turns", "batch_episodes", "call_format", "chat_template_kwargs",
+    "env_kwargs",
 )  # fmt: skip
 
 
@@ -172,6 +173,7 @@ def evaluate(
     model_name: str | None = None,
     call_format: str = "tags",
     regenerate_changed: bool = False,
+    env_kwargs: Mapping[str, Any] | None = None,
 ) -> Report:
     """Sample `n` tool-using episodes per problem of each benchmark and report pass@k etc.
 
@@ -193,6 +195,8 @@ def evaluate(
             template) or one of copes.envs.parsing.CALL_FORMATS.
         regenerate_changed: on resume, roll out again the batches holding stored samples of a
             task whose data changed since (`task_digest`); without it they are refused.
+        env_kwargs: extra arguments for every benchmark's env factory (e.g. `corpus_index`
+            for open-domain QA over a corpus index); recorded, and checked on resume.
     """
 
     ks = check_ks(ks, n)
@@ -221,6 +225,9 @@ def evaluate(
         "call_format": call_format,
         "chat_template_kwargs": dict(getattr(chat, "template_kwargs", {})),
     }
+    env_kwargs = dict(env_kwargs or {})
+    if env_kwargs:  # absent when empty, so the runs stored before this option still resume
+        config["env_kwargs"] = env_kwargs
     config["sampling"]["stop"] = list(sampling.stop)
     if resume:
         _check_resumable(out, config)
@@ -283,7 +290,9 @@ def evaluate(
             bar.set_postfix_str(benchmark.name)
             size = max(len(batch) for _, batch in todo)
             envs = [
-                benchmark.make_env(tasks, max_turns=max_turns, call_format=call_format)
+                benchmark.make_env(
+                    tasks, max_turns=max_turns, call_format=call_format, **env_kwargs
+                )
                 for _ in range(size)
             ]
             try:

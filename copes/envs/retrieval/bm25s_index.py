@@ -28,13 +28,13 @@ from copes.envs.retrieval.base import (
     top_k_indices,
 )
 from copes.envs.retrieval.corpus_files import iter_corpus_jsonl
-from copes.envs.retrieval.passage_store import PassageStore, PassageStoreWriter
+from copes.envs.retrieval.passage_store import PassageStore, PassageStoreWriter, StoredPassages
 from copes.envs.tasks.base import Passage
 
 logger = logging.getLogger(__name__)
 
 
-class CorpusRetriever:
+class CorpusRetriever(StoredPassages):
     """bm25s over an open corpus, with the index and the passage texts on disk.
 
     Build once with `CorpusRetriever.build(corpus, index_dir)`, then `load(index_dir)` in
@@ -178,13 +178,6 @@ class CorpusRetriever:
             )
         return cls(bm25, store, Tokenizer(**meta["tokenizer"]), index_dir)
 
-    def __len__(self) -> int:
-        return len(self._store)
-
-    def passage(self, position: int) -> Passage:
-        """The passage at 0-based `position` in the corpus, read from disk."""
-        return self._store.passage(position)
-
     def search(self, query: str, k: int) -> list[SearchHit]:
         """Top-`k` passages of the corpus for `query`; terms unseen in the corpus are ignored."""
         check_k(k)
@@ -199,16 +192,6 @@ class CorpusRetriever:
             SearchHit(self.passage(int(i)), float(scores[i]) * scale)
             for i in top_k_indices(scores, k)
         ]
-
-    def close(self) -> None:
-        """Unmap the passage file (the bm25s arrays are released with this object)."""
-        self._store.close()
-
-    def __enter__(self) -> CorpusRetriever:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 _FORMAT_VERSION = 1

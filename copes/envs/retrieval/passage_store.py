@@ -18,14 +18,19 @@ import json
 import mmap
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from copes.envs.tasks.base import Passage
 
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
 PASSAGES = "passages.jsonl"
 OFFSETS = "passages.offsets.npy"
 _OFFSETS_BIN = "passages.offsets.bin"  # int64 little-endian, while building
+_ENCODE = json.JSONEncoder(ensure_ascii=False).encode
 
 
 class PassageStore:
@@ -59,6 +64,29 @@ class PassageStore:
             self._bytes.close()
 
 
+class StoredPassages:
+    """What a disk index whose passages are in a `PassageStore` (`self._store`) answers."""
+
+    _store: PassageStore
+
+    def __len__(self) -> int:
+        return len(self._store)
+
+    def passage(self, position: int) -> Passage:
+        """The passage at 0-based `position` in the corpus, read from disk."""
+        return self._store.passage(position)
+
+    def close(self) -> None:
+        """Unmap the passage file (the index itself is released with this object)."""
+        self._store.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 class PassageStoreWriter:
     """Appends passages to `directory`; `truncate(n)` cuts back to the first n (resume)."""
 
@@ -73,7 +101,7 @@ class PassageStoreWriter:
 
     def append(self, passage: Passage) -> None:
         record = {"id": passage.id, "title": passage.title, "text": passage.text}
-        line = json.dumps(record, ensure_ascii=False).encode("utf-8") + b"\n"
+        line = _ENCODE(record).encode("utf-8") + b"\n"
         self._passages.write(line)
         self._end += len(line)
         self._offsets.write(self._end.to_bytes(8, "little", signed=True))

@@ -4,8 +4,9 @@ Two modes, chosen by the `retriever` argument:
 
 - `SearchTool()` (pool mode): each `reset(task)` indexes `task.passages`, the 10-20
   candidate passages of a HotpotQA / 2Wiki / MuSiQue question (the distractor setting).
-- `SearchTool(CorpusRetriever.load(index_dir))` (open-corpus mode): one shared index for
-  every question; `reset` changes nothing and `close` leaves the shared index open.
+- `SearchTool(open_index(index_dir))` (open-corpus mode): one shared index for every
+  question (tantivy or bm25s on disk, or `HTTPRetriever` for a retrieval server); `reset`
+  changes nothing and `close` leaves the shared index open.
 
 The tool never raises at the model: bad arguments, a missing pool or a failing backend
 come back as an `Error: ...` string the model can read and react to.
@@ -17,7 +18,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any
 
-from copes.envs.retrieval import PoolRetriever, Retriever, SearchHit
+from copes.envs.retrieval import PoolRetriever, Retriever, RetrieverUnavailable, SearchHit
 
 if TYPE_CHECKING:
     from copes.envs.tasks.base import Task
@@ -105,7 +106,10 @@ class SearchTool:
         try:
             hits = retriever.search(query, self.top_k)
         except Exception as err:  # the model sees a message, the log keeps the traceback
-            logger.exception("search backend failed for query %r", query)
+            if isinstance(err, RetrieverUnavailable):  # a server down: one line, not a flood
+                logger.warning("search failed for query %r: %s", query, err)
+            else:
+                logger.exception("search backend failed for query %r", query)
             return f"Error: search failed ({type(err).__name__}: {err}); try another query."
         if not hits:
             return f"No results for {query!r}. Try other keywords (names, dates, places)."
