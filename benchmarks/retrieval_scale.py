@@ -124,13 +124,13 @@ def _chunk(args: tuple[int, int, int, int]) -> tuple[bytes, list[tuple[int, list
 
 
 def write_corpus(
-    path: Path, passages: int, vocab: Vocabulary, seed: int, workers: int
+    path: Path, passages: int, vocab: Vocabulary, seed: int, workers: int, chunk: int = CHUNK
 ) -> list[tuple[int, list[int]]]:
     """Stream the corpus to `path`; returns the word ranks of every 1 in ~N/2000 passages."""
     global _VOCAB
     _VOCAB = vocab
     query_every = max(1, passages // 2000)
-    jobs = [(seed, s, min(s + CHUNK, passages), query_every) for s in range(0, passages, CHUNK)]
+    jobs = [(seed, s, min(s + chunk, passages), query_every) for s in range(0, passages, chunk)]
     sources: list[tuple[int, list[int]]] = []
     context = multiprocessing.get_context("fork")  # workers share the vocabulary pages
     with (
@@ -141,7 +141,7 @@ def write_corpus(
         for blob, chunk_sources in pool.imap(_chunk, jobs):
             out.write(blob)
             sources.extend(chunk_sources)
-            bar.update(CHUNK)
+            bar.update(min(chunk, passages - bar.n))
     return sources
 
 
@@ -256,6 +256,7 @@ def _percentiles(ms: list[float]) -> dict[str, float]:
 
 
 def child_query(index_dir: str, queries_path: str, k: int) -> dict:
+    from copes.envs.presets import tool_qa_env
     from copes.envs.retrieval.tantivy_index import TantivyRetriever
     from copes.envs.tools.search import SearchTool
 
@@ -268,6 +269,7 @@ def child_query(index_dir: str, queries_path: str, k: int) -> dict:
     passes: list[list[float]] = []
     hits: list[list[str]] = []
     for number in range(3):
+        retriever.tie_refetches = retriever.ties_beyond_candidates = 0
         times = []
         for query in queries:
             t0 = time.perf_counter()
@@ -282,7 +284,23 @@ def child_query(index_dir: str, queries_path: str, k: int) -> dict:
         t0 = time.perf_counter()
         tool(query=query["text"])
         tool_ms.append((time.perf_counter() - t0) * 1000.0)
+    # What an agent's turn pays: ToolQA-v0's env.step on a search call (parsing the turn,
+    # the tool, the observation), the index opened as copes-train opens it.
+    env = tool_qa_env(benchmark="synthetic-qa", limit=8, corpus_index=index_dir, max_turns=64)
+    env.reset(seed=0)
+    step_ms = []
+    for number, query in enumerate(queries):
+        if number % 60 == 59:
+            env.reset(seed=number)
+        t0 = time.perf_counter()
+        env.step(f"<search>{query['text']}</search>")
+        step_ms.append((time.perf_counter() - t0) * 1000.0)
+    env.close()
     cold, warm = passes[0], passes[2]
+    ties = {  # of the last pass: the share of searches whose top-k cut-off fell in a tie
+        "cut_off_in_a_tie": retriever.tie_refetches / len(queries),
+        "tie_beyond_candidates": retriever.ties_beyond_candidates / len(queries),
+    }
     by_bucket = {}
     for length in LENGTH_BUCKETS:
         for rarity in RARITY_BUCKETS:
@@ -298,7 +316,9 @@ def child_query(index_dir: str, queries_path: str, k: int) -> dict:
         "load_s": load_s,
         "cold": _percentiles(cold),
         "warm": _percentiles(warm),
+        "ties": ties,
         "search_tool_top3_warm": _percentiles(tool_ms),
+        "env_step_search_top3_warm": _percentiles(step_ms),
         "by_bucket": by_bucket,
         "rss_mib_before_load": rss_before,
         "rss_mib_after_queries": _rss_split(),
@@ -528,10 +548,14 @@ def main() -> None:
         f"built in {build['build_s']:.0f} s, peak RSS {build_memory['peak_rss_mib']:.0f} MiB, "
         f"index {sum(index_bytes.values()) / 2**30:.2f} GiB, loaded in {q['load_s'] * 1000:.0f} ms"
     )
-    for name in ("cold", "warm"):
+    for name, label in (
+        ("cold", f"search top-{args.k}, cold"),
+        ("warm", f"search top-{args.k}, warm"),
+        ("env_step_search_top3_warm", "ToolQA env.step with a search (top 3), warm"),
+    ):
         stats = q[name]
         print(
-            f"top-{args.k} {name}: p50 {stats['p50_ms']:.2f} ms, p95 {stats['p95_ms']:.2f} ms, "
+            f"{label}: p50 {stats['p50_ms']:.2f} ms, p95 {stats['p95_ms']:.2f} ms, "
             f"p99 {stats['p99_ms']:.2f} ms"
         )
     after = q["rss_mib_after_queries"]

@@ -165,11 +165,11 @@ TantivyRetriever.build(sys.argv[1], sys.argv[2], commit_every=int(sys.argv[3]),
 
 
 def test_a_build_killed_mid_way_resumes_from_its_last_commit(tmp_path, caplog) -> None:
-    passages = random_passages(60_000, seed=5, max_words=12)
+    passages = random_passages(24_000, seed=5, max_words=12)
     corpus = write_jsonl(tmp_path / "wiki.jsonl", passages)
     out = tmp_path / "index"
     state = tmp_path / "index.building" / "build_state.json"
-    child = subprocess.Popen([sys.executable, "-c", _BUILD, str(corpus), str(out), "5000"])
+    child = subprocess.Popen([sys.executable, "-c", _BUILD, str(corpus), str(out), "2000"])
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and child.poll() is None:
         if state.is_file() and len(json.loads(state.read_text())["checkpoints"]) >= 3:
@@ -187,17 +187,22 @@ def test_a_build_killed_mid_way_resumes_from_its_last_commit(tmp_path, caplog) -
     state.write_text(json.dumps(recorded))
 
     caplog.set_level("INFO", logger="copes.envs.retrieval.tantivy_index")
-    resumed = TantivyRetriever.build(corpus, out, commit_every=5000, show_progress=False)
+    resumed = TantivyRetriever.build(corpus, out, commit_every=2000, show_progress=False)
     resumed_at = [r.getMessage() for r in caplog.records if "resuming" in r.getMessage()]
     # >= 3 checkpoints were recorded; the last one's commit may not have finished.
-    assert resumed_at and int(resumed_at[0].rsplit(" ", 1)[1]) >= 10_000
+    assert resumed_at and int(resumed_at[0].rsplit(" ", 1)[1]) >= 4_000
     reference = TantivyRetriever.build(passages, tmp_path / "ref", show_progress=False)
     assert len(resumed) == len(reference) == len(passages)
     assert [resumed.passage(i) for i in range(0, len(passages), 997)] == passages[::997]
-    for query in queries(6, count=30):
-        assert [(h.passage.id, h.score) for h in resumed.search(query, 10)] == [
-            (h.passage.id, h.score) for h in reference.search(query, 10)
-        ]
+    exact_order = 0
+    for query in queries(6, count=60):
+        before = resumed.ties_beyond_candidates + reference.ties_beyond_candidates
+        got, want = resumed.search(query, 10), reference.search(query, 10)
+        assert [h.score for h in got] == [h.score for h in want]
+        if resumed.ties_beyond_candidates + reference.ties_beyond_candidates == before:
+            assert [h.passage.id for h in got] == [h.passage.id for h in want]
+            exact_order += 1
+    assert exact_order >= 20 and resumed.tie_refetches > 0
 
 
 def test_an_interrupted_build_of_another_corpus_is_not_resumed(tmp_path) -> None:
