@@ -10,6 +10,10 @@ import os
 import sys
 from pathlib import Path
 
+# OpenMP threads sleep rather than spin while they wait (read when torch loads, so before
+# it): on a loaded machine spinning threads starve the others (.ci/run sets it too).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import pytest
 import torch
 

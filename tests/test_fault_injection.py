@@ -10,6 +10,7 @@ Runs on the tiny Qwen2-family model (tests/families.py): a step takes well under
 so the kills land between and inside steps, checkpoints and log appends.
 """
 
+import json
 import os
 import random
 import shutil
@@ -30,9 +31,15 @@ pytestmark = pytest.mark.slow
 STEPS = 6
 
 
-@pytest.fixture
-def argv(family_dir, family_data_dir, tmp_path):
-    data = family_data_dir
+@pytest.fixture(scope="module")
+def argv(family_dir, tmp_path_factory):
+    """One run's flags for the whole module, so the runs below can be shared: their data
+    folder too (a resume is checked against the run's config)."""
+    import families
+
+    data = tmp_path_factory.mktemp("family-data")
+    record = {"question": families.QUESTION, "answer": f"12*34={families.ANSWER}\n#### 408"}
+    (data / "gsm8k.jsonl").write_text(json.dumps(record) + "\n")
     return [
         "--model", str(family_dir("qwen2")), "--call-format", "native", "--optimizer", "copes",
         "--benchmark", "gsm8k", "--data-dir", str(data), "--train-split", "test",
@@ -44,12 +51,20 @@ def argv(family_dir, family_data_dir, tmp_path):
     ]  # fmt: skip
 
 
-@pytest.fixture
-def reference(argv, tmp_path):
-    """The uninterrupted run's final weights."""
-    out = tmp_path / "reference"
+@pytest.fixture(scope="module")
+def reference(argv, tmp_path_factory):
+    """The uninterrupted run's final weights (run once for the module)."""
+    out = tmp_path_factory.mktemp("reference") / "run"
     assert train_main([*argv, "--out-dir", str(out)]) == 0
     return final_weights(out)
+
+
+@pytest.fixture(scope="module")
+def four_steps(argv, tmp_path_factory):
+    """A finished 4-step run, made once; each test that damages it works on a copy."""
+    out = tmp_path_factory.mktemp("four-steps") / "run"
+    assert train_main([*argv, "--steps", "4", "--out-dir", str(out)]) == 0
+    return out
 
 
 def final_weights(out: Path) -> dict[str, torch.Tensor]:
@@ -137,9 +152,11 @@ def damage_config(out: Path) -> None:
         (damage_config, "is not a copes run config"),
     ],
 )
-def test_a_damaged_file_stops_resume_with_one_line_naming_it(argv, tmp_path, capsys, damage, named):
+def test_a_damaged_file_stops_resume_with_one_line_naming_it(
+    argv, four_steps, tmp_path, capsys, damage, named
+):
     out = tmp_path / "run"
-    assert train_main([*argv, "--steps", "4", "--out-dir", str(out)]) == 0
+    shutil.copytree(four_steps, out)
     damage(out)
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     capsys.readouterr()

@@ -40,13 +40,51 @@ def families_module():
     return families
 
 
-def start(folder, family, **kwargs):
+def start(folder, family, *, in_process=True, **kwargs):
+    """An engine in this process (vLLM's in-process engine core and worker): these tests
+    check weights and tokens, not the transport, and the two process starts of a default
+    engine were most of each start (measured: 22 s -> 8 s). The CLI test below and
+    tests/test_train_vllm.py start theirs in vLLM's processes, as production does. `stop`
+    resets what an in-process engine leaves behind (its distributed groups). The MoE
+    refusals start in vLLM's processes: after a dense engine in this one, vLLM's MoE layer
+    finds no expert-parallel group and fails before the map check."""
+    import vllm.envs
+
     from copes.agents.vllm import VLLMPolicy
 
-    return VLLMPolicy.from_pretrained(
-        folder, dtype="float32", max_model_len=1024, device="cpu",
-        chat_template_kwargs=family.template_kwargs or None, **kwargs,
-    )  # fmt: skip
+    if not in_process:
+        return VLLMPolicy.from_pretrained(
+            folder, dtype="float32", max_model_len=1024, device="cpu",
+            chat_template_kwargs=family.template_kwargs or None, **kwargs,
+        )  # fmt: skip
+    before = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    try:
+        return VLLMPolicy.from_pretrained(
+            folder, dtype="float32", max_model_len=1024, device="cpu",
+            chat_template_kwargs=family.template_kwargs or None, **kwargs,
+        )  # fmt: skip
+    except BaseException:
+        reset_vllm()
+        raise
+    finally:
+        if before is None:
+            del os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"]
+        else:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = before
+        vllm.envs.disable_envs_cache()  # the engine core caches vLLM's settings when it starts
+
+
+def reset_vllm():
+    """vLLM's own reset between in-process engines: its settings cache, distributed groups."""
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+    cleanup_dist_env_and_memory()
+
+
+def stop(engine):
+    engine.close()
+    reset_vllm()
 
 
 @pytest.fixture(scope="module", params=ON_VLLM_CPU)
@@ -62,7 +100,7 @@ def pair(request, family_dir):
         folder, device="cpu", chat_template_kwargs=family.template_kwargs or None
     )
     yield family, engine, hf
-    engine.close()
+    stop(engine)
 
 
 def check_native_episodes(engine, family, folder):
@@ -94,7 +132,7 @@ def test_the_native_episode_of_a_new_template_is_the_one_transformers_runs(famil
     try:
         check_native_episodes(engine, family, family_dir(name))
     finally:
-        engine.close()
+        stop(engine)
 
 
 def test_perturbation_lands_on_the_same_bits_as_on_transformers(pair):
@@ -134,7 +172,7 @@ def test_a_wrong_map_is_refused_naming_the_tensor(pair):
 def test_vllm_cpu_moe_experts_are_refused_not_mapped_wrongly(family_dir, name, refusal):
     family = families_module().FAMILIES[name]
     with pytest.raises(Exception, match=refusal):
-        start(family_dir(name), family)
+        start(family_dir(name), family, in_process=False)
 
 
 def test_a_copes_step_a_grpo_step_and_an_evaluation_on_the_engine(pair, family_data_dir, tmp_path):
