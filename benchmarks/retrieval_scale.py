@@ -8,16 +8,20 @@ figures say what an agent's env.step pays.
 
 The corpus: passages of 100 words (one in ten shorter, 20-99, like the last passage of an
 article) and a 1-4 word title; words are drawn from a Zipf law (exponent 1) over a
-vocabulary of `--vocab` pseudo-words (5M by default, about Wikipedia's count of distinct
-tokens); titles draw from outside the 1,000 commonest words, as entity names do. It is
+vocabulary of `--vocab` words (5M by default, about Wikipedia's count of distinct tokens).
+As in English text, the commonest ranks are function words: the first 63 are copes'
+stopwords (`ENGLISH_STOPWORDS`, 27% of the tokens here, about 40% in English), which the
+tokenizer drops, so the commonest indexed word is in about 10% of the passages, as
+Wikipedia's commonest content words are. The rest are pseudo-words. Titles draw from
+outside the 1,000 commonest content words, as entity names do. It is
 written as FlashRAG / Search-R1 JSONL (`{"id", "contents": "\\"Title\\"\\ntext"}`) in chunks
 generated in parallel from per-chunk seeds (the same file for any number of workers),
 streamed to disk and never held in memory.
 
 The queries: >= 1,000, in 9 buckets of length (1-2, 3-5, 6-10 terms) by rarity:
-`head` (only the 1,000 commonest words: the longest posting lists), `passage` (words of one
-random passage and its title, as an agent's query) and `tail` (a passage's words ranked
-below the 10,000 commonest).
+`head` (only the 1,000 commonest content words: the longest posting lists), `passage`
+(content words of one random passage and its title, as an agent's query) and `tail` (a
+passage's words ranked below the 10,000 commonest).
 
 Latency: the index is opened in a fresh process; `cold` is the first pass over all queries
 right after the index files are evicted from the page cache (posix_fadvise DONTNEED, no
@@ -51,11 +55,14 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from copes.envs.retrieval.base import ENGLISH_STOPWORDS
+
 WIKI18_PASSAGES = 21_015_324
 CHUNK = 50_000
 LENGTH_BUCKETS = {"1-2": (1, 2), "3-5": (3, 5), "6-10": (6, 10)}
 RARITY_BUCKETS = ("head", "passage", "tail")
-HEAD_RANKS = 1_000
+STOPWORDS = sorted(ENGLISH_STOPWORDS)  # ranks 0-62: dropped by the tokenizer, as in English
+HEAD = (len(STOPWORDS), len(STOPWORDS) + 1_000)  # the 1,000 commonest indexed words
 TAIL_RANK = 10_000
 
 
@@ -71,11 +78,13 @@ class Vocabulary:
         lengths = np.clip(
             np.round(2.5 + 1.15 * np.log10(ranks + 10) + rng.normal(0, 1.2, size)), 2, 16
         ).astype(np.int64)
-        words: dict[str, None] = {}
+        words: dict[str, None] = dict.fromkeys(STOPWORDS)
         letters = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz", dtype=np.uint8)
         while len(words) < size:
             need = size - len(words)
             lens = lengths[len(words) : len(words) + need]
+            if len(lens) < need:  # pseudo-words that were stopwords: draw lengths again
+                lens = np.concatenate([lens, rng.integers(3, 12, need - len(lens))])
             buffer = letters[rng.integers(0, 26, size=int(lens.sum()))].tobytes().decode()
             starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
             for start, n in zip(starts.tolist(), lens.tolist(), strict=True):
@@ -104,7 +113,7 @@ def _chunk(args: tuple[int, int, int, int]) -> tuple[bytes, list[tuple[int, list
     lengths = np.where(rng.random(n) < 0.1, rng.integers(20, 100, n), 100)
     title_lengths = rng.integers(1, 5, n)
     text_ids = vocab.sample(rng, int(lengths.sum()))
-    title_ids = vocab.sample(rng, int(title_lengths.sum()), low_rank=HEAD_RANKS)
+    title_ids = vocab.sample(rng, int(title_lengths.sum()), low_rank=HEAD[1])
     words = vocab.words
     text_ids, title_ids = text_ids.tolist(), title_ids.tolist()
     lengths, title_lengths = lengths.tolist(), title_lengths.tolist()
@@ -157,10 +166,11 @@ def make_queries(
             while made < per_bucket:
                 n = int(rng.integers(low, high + 1))
                 if rarity == "head":
-                    ranks = rng.integers(0, HEAD_RANKS, n)
+                    ranks = rng.integers(*HEAD, n)
                 else:
                     _, words = sources[int(rng.integers(len(sources)))]
-                    pool = [r for r in words if rarity == "passage" or r >= TAIL_RANK]
+                    rarest = TAIL_RANK if rarity == "tail" else HEAD[0]
+                    pool = [r for r in words if r >= rarest]
                     pool = list(dict.fromkeys(pool))
                     if len(pool) < n:
                         continue

@@ -23,7 +23,7 @@ def test_the_corpus_is_the_same_for_any_number_of_writers(tmp_path) -> None:
     assert one == two and len(one) >= 1000
     lines = (tmp_path / "a.jsonl").read_text().splitlines()
     assert len(lines) == 12_000 and json.loads(lines[7])["id"] == "7"
-    # Zipf: the commonest word is drawn ln 2 / ln(V + 1) of the time.
+    # Zipf: the commonest word (a stopword) is drawn ln 2 / ln(V + 1) of the time.
     ranks = vocab.sample(np.random.default_rng(0), 200_000)
     assert np.mean(ranks == 0) == pytest.approx(np.log(2) / np.log(20_001), rel=0.05)
 
