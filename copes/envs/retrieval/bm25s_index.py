@@ -27,7 +27,7 @@ from copes.envs.retrieval.base import (
     passage_index_text,
     top_k_indices,
 )
-from copes.envs.retrieval.corpus_files import iter_corpus_jsonl
+from copes.envs.retrieval.corpus_files import iter_corpus_jsonl, only_passages
 from copes.envs.retrieval.passage_store import PassageStore, PassageStoreWriter, StoredPassages
 from copes.envs.tasks.base import Passage
 
@@ -123,13 +123,11 @@ class CorpusRetriever(StoredPassages):
         store = PassageStoreWriter(out_dir)
         try:
             for passage in tqdm(
-                passages, desc="Tokenizing passages", unit=" passages", disable=not show_progress
+                only_passages(passages),
+                desc="Tokenizing passages",
+                unit=" passages",
+                disable=not show_progress,
             ):
-                if not isinstance(passage, Passage):
-                    raise TypeError(
-                        f"corpus item {len(docs)} is a {type(passage).__name__}, expected a "
-                        "Passage; pass Passage objects or the path of a corpus JSONL file"
-                    )
                 tokens = tokenizer(passage_index_text(passage))
                 docs.append(array("i", [vocab.setdefault(t, len(vocab)) for t in tokens]))
                 store.append(passage)

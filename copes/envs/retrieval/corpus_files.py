@@ -19,7 +19,7 @@ import csv
 import gzip
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO, Literal
 
@@ -155,6 +155,18 @@ def _read_dpr_tsv(f: BinaryIO, path: Path, position: int) -> Iterator[tuple[Pass
         yield Passage(title=title, text=text, id=passage_id), consumed
 
 
+def only_passages(items: Iterable[object]) -> Iterator[Passage]:
+    """`items`, checked one by one to be `Passage`s (an index built in memory takes any
+    iterable; a wrong item is named, not indexed)."""
+    for position, item in enumerate(items):
+        if not isinstance(item, Passage):
+            raise TypeError(
+                f"corpus item {position} is a {type(item).__name__}, expected a Passage; "
+                "pass Passage objects or the path of a corpus file"
+            )
+        yield item
+
+
 def count_bytes(path: str | os.PathLike[str]) -> int | None:
     """The corpus file's size if the reader's byte positions can be compared with it."""
     path = Path(path)
@@ -166,6 +178,7 @@ __all__ = [
     "CorpusFormat",
     "count_bytes",
     "iter_corpus_jsonl",
+    "only_passages",
     "parse_contents",
     "read_corpus",
     "resolve_format",

@@ -34,6 +34,7 @@ import os
 import shutil
 import time
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,7 @@ from copes.envs.retrieval.base import (
 from copes.envs.retrieval.corpus_files import (
     CorpusFormat,
     count_bytes,
+    only_passages,
     read_corpus,
     resolve_format,
 )
@@ -249,22 +251,14 @@ def read_meta(index_dir: Path) -> dict[str, Any]:
     return meta
 
 
+@dataclass(frozen=True)
 class _Source:
     """The corpus being indexed and the fingerprint that says a resume is of the same one."""
 
-    def __init__(
-        self,
-        path: Path | None,
-        passages: Iterable[Passage] | None,
-        corpus_format: str,
-        fingerprint: dict[str, Any],
-    ) -> None:
-        self.path, self.passages, self.format, self.fingerprint = (
-            path,
-            passages,
-            corpus_format,
-            fingerprint,
-        )
+    path: Path | None
+    passages: Iterable[Passage] | None
+    format: str
+    fingerprint: dict[str, Any]
 
     @classmethod
     def of(cls, corpus: Any, corpus_format: CorpusFormat, tokenizer: Tokenizer) -> _Source:
@@ -290,12 +284,7 @@ class _Source:
         if self.path is not None:
             yield from read_corpus(self.path, self.format, start_byte)  # type: ignore[arg-type]
             return
-        for position, passage in enumerate(self.passages or ()):
-            if not isinstance(passage, Passage):
-                raise TypeError(
-                    f"corpus item {position} is a {type(passage).__name__}, expected a "
-                    "Passage; pass Passage objects or the path of a corpus file"
-                )
+        for passage in only_passages(self.passages or ()):
             yield passage, 0
 
 
