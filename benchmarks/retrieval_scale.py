@@ -223,17 +223,20 @@ def run_child(args: list[str]) -> tuple[dict[str, Any], dict[str, float]]:
     return result, memory
 
 
-def child_build(corpus: str, index_dir: str, heap_mb: int, threads: int | None) -> dict:
+def child_build(
+    corpus: str, index_dir: str, heap_mb: int, threads: int | None, shard_size: int
+) -> dict:
     from copes.envs.retrieval.tantivy_index import TantivyRetriever
 
     started = time.perf_counter()
     retriever = TantivyRetriever.build(
-        corpus, index_dir, heap_mb=heap_mb, threads=threads, overwrite=True
+        corpus, index_dir, heap_mb=heap_mb, threads=threads, shard_size=shard_size, overwrite=True
     )
     seconds = time.perf_counter() - started
-    segments = retriever._searcher.num_segments
+    shards = retriever._shards
+    segments = [shard.searcher.num_segments for shard in shards]
     retriever.close()
-    return {"build_s": seconds, "segments": segments}
+    return {"build_s": seconds, "shards": len(shards), "segments_per_shard": segments}
 
 
 def _evict(directory: Path) -> None:
@@ -265,6 +268,13 @@ def _percentiles(ms: list[float]) -> dict[str, float]:
     }
 
 
+def _timed(function: Any, *args: Any) -> float:
+    """Milliseconds one call takes."""
+    t0 = time.perf_counter()
+    function(*args)
+    return (time.perf_counter() - t0) * 1000.0
+
+
 def child_query(index_dir: str, queries_path: str, k: int) -> dict:
     from copes.envs.presets import tool_qa_env
     from copes.envs.retrieval.tantivy_index import TantivyRetriever
@@ -279,7 +289,7 @@ def child_query(index_dir: str, queries_path: str, k: int) -> dict:
     passes: list[list[float]] = []
     hits: list[list[str]] = []
     for number in range(3):
-        retriever.tie_refetches = retriever.ties_beyond_candidates = 0
+        retriever.ties_at_cut_off = retriever.ties_beyond_candidates = 0
         times = []
         for query in queries:
             t0 = time.perf_counter()
@@ -306,21 +316,22 @@ def child_query(index_dir: str, queries_path: str, k: int) -> dict:
         env.step(f"<search>{query['text']}</search>")
         step_ms.append((time.perf_counter() - t0) * 1000.0)
     env.close()
-    # The same warm pass with ties left in tantivy's order: what ordering them costs.
-    from copes.envs.retrieval import tantivy_index
-
-    saved, tantivy_index.TIE_CANDIDATES = tantivy_index.TIE_CANDIDATES, 0
-    no_tie_rule = []
-    for query in queries:
-        t0 = time.perf_counter()
-        retriever.search(query["text"], k)
-        no_tie_rule.append((time.perf_counter() - t0) * 1000.0)
-    tantivy_index.TIE_CANDIDATES = saved
     cold, warm = passes[0], passes[2]
     ties = {  # of the last pass: the share of searches whose top-k cut-off fell in a tie
-        "cut_off_in_a_tie": retriever.tie_refetches / len(queries),
+        "cut_off_in_a_tie": retriever.ties_at_cut_off / len(queries),
         "tie_beyond_candidates": retriever.ties_beyond_candidates / len(queries),
     }
+    # Side by side with the warm pass: the shards searched one after the other (what the
+    # search threads buy), and each shard returning k + 1 hits instead of TIE_CANDIDATES
+    # (what ordering ties by corpus position costs).
+    from copes.envs.retrieval import tantivy_index
+
+    threads, retriever.search_threads = retriever.search_threads, 1
+    one_thread = [_timed(retriever.search, query["text"], k) for query in queries]
+    retriever.search_threads = threads
+    saved, tantivy_index.TIE_CANDIDATES = tantivy_index.TIE_CANDIDATES, 0
+    no_tie_rule = [_timed(retriever.search, query["text"], k) for query in queries]
+    tantivy_index.TIE_CANDIDATES = saved
     by_bucket = {}
     for length in LENGTH_BUCKETS:
         for rarity in RARITY_BUCKETS:
@@ -337,6 +348,8 @@ def child_query(index_dir: str, queries_path: str, k: int) -> dict:
         "cold": _percentiles(cold),
         "warm": _percentiles(warm),
         "ties": ties,
+        "search_threads": threads,
+        "warm_one_search_thread": _percentiles(one_thread),
         "warm_without_the_tie_rule": _percentiles(no_tie_rule),
         "search_tool_top3_warm": _percentiles(tool_ms),
         "env_step_search_top3_warm": _percentiles(step_ms),
@@ -446,6 +459,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--heap-mb", type=int, default=1024)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--shard-size", type=int, default=None, help="default: copes-index's")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="corpus writers")
     parser.add_argument(
         "--exact",
@@ -462,11 +476,15 @@ def main() -> None:
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.shard_size is None:
+        from copes.envs.retrieval.tantivy_index import SHARD_SIZE
+
+        args.shard_size = SHARD_SIZE
 
     if args.child:
         kind, *rest = args.child
         if kind == "build":
-            result = child_build(rest[0], rest[1], int(rest[2]), int(rest[3]) or None)
+            result = child_build(rest[0], rest[1], int(rest[2]), int(rest[3]) or None, int(rest[4]))
         elif kind == "query":
             result = child_query(rest[0], rest[1], int(rest[2]))
         else:
@@ -501,12 +519,16 @@ def main() -> None:
                 str(index_dir),
                 str(args.heap_mb),
                 str(args.threads or 0),
+                str(args.shard_size),
             ]
         )
         index_bytes = {
             "tantivy": sum(
-                f.stat().st_size for f in (index_dir / "tantivy").rglob("*") if f.is_file()
+                f.stat().st_size
+                for f in (index_dir / "shards").rglob("*")
+                if f.is_file() and not f.name.endswith(".npy")
             ),
+            "position_tables": sum(f.stat().st_size for f in (index_dir / "shards").glob("*.npy")),
             "passages": sum(f.stat().st_size for f in index_dir.glob("passages.*")),
         }
         query, query_memory = run_child(
@@ -544,6 +566,7 @@ def main() -> None:
                 "seed": args.seed,
                 "heap_mb": args.heap_mb,
                 "threads": args.threads,
+                "shard_size": args.shard_size,
                 "corpus_bytes": corpus.stat().st_size,
             },
             "machine": machine(),
@@ -572,6 +595,7 @@ def main() -> None:
     for name, label in (
         ("cold", f"search top-{args.k}, cold"),
         ("warm", f"search top-{args.k}, warm"),
+        ("warm_one_search_thread", f"search top-{args.k}, warm, shards one after the other"),
         ("env_step_search_top3_warm", "ToolQA env.step with a search (top 3), warm"),
     ):
         stats = q[name]

@@ -33,7 +33,7 @@ def test_small_end_to_end_writes_every_figure(tmp_path) -> None:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "retrieval_scale.py"), "--passages", "20000",
          "--vocab", "30000", "--queries-per-bucket", "12", "--exact", "1.2", "--workers", "1",
-         "--heap-mb", "64", "--work-dir", str(tmp_path), "--out", str(out)],
+         "--heap-mb", "64", "--shard-size", "6000", "--work-dir", str(tmp_path), "--out", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -41,8 +41,17 @@ def test_small_end_to_end_writes_every_figure(tmp_path) -> None:
     assert report["config"]["passages"] == 20_000 and report["config"]["queries"] == 108
     assert report["build"]["build_s"] > 0 and report["build"]["peak_rss_mib"] > 0
     assert report["index_bytes"]["tantivy"] > 0 and report["index_bytes"]["passages"] > 0
+    assert report["index_bytes"]["position_tables"] > 0
+    assert report["build"]["shards"] == 4 and len(report["build"]["segments_per_shard"]) == 4
     query = report["query"]
-    for name in ("cold", "warm", "search_tool_top3_warm", "env_step_search_top3_warm"):
+    for name in (
+        "cold",
+        "warm",
+        "warm_one_search_thread",
+        "warm_without_the_tie_rule",
+        "search_tool_top3_warm",
+        "env_step_search_top3_warm",
+    ):
         stats = query[name]
         assert 0 < stats["p50_ms"] <= stats["p95_ms"] <= stats["p99_ms"]
     assert len(query["by_bucket"]) == 9

@@ -39,12 +39,15 @@ WORDS = (  # noqa: SIM905 - a word list reads better as text
 ).split()
 
 
-def random_passages(n: int, seed: int, max_words: int = 30) -> list[Passage]:
+def random_passages(
+    n: int, seed: int, max_words: int = 30, same_length: bool = False
+) -> list[Passage]:
     """Passages of at most `max_words` tokens: tantivy stores lengths <= 40 exactly."""
     rng = np.random.default_rng(seed)
     passages = []
     for i in range(n):
-        text = " ".join(rng.choice(WORDS, size=int(rng.integers(1, max_words))))
+        words = max_words if same_length else int(rng.integers(1, max_words))
+        text = " ".join(rng.choice(WORDS, size=words))
         title = " ".join(rng.choice(WORDS, size=2)).title()
         passages.append(Passage(title=title, text=text, id=f"p{i}"))
     return passages
@@ -112,6 +115,36 @@ def test_hits_are_the_passages_with_positions_and_ties_by_position(small) -> Non
         ours.search("river", 0)
 
 
+def test_shards_score_with_the_corpus_idf_and_order_ties_across_shards(tmp_path) -> None:
+    # Passages of one length, so every shard has the corpus's average length: then sharded
+    # scores must be exact BM25 over the whole corpus (the IDF is the corpus's, not the
+    # shard's), and equal scores in different shards must go to the earlier passage.
+    passages = random_passages(900, seed=11, max_words=9, same_length=True)
+    exact = CorpusRetriever.build(passages, tmp_path / "exact", k1=1.2, show_progress=False)
+    sharded = TantivyRetriever.build(
+        passages, tmp_path / "tv", shard_size=200, commit_every=70, threads=1, show_progress=False
+    )
+    one_thread = TantivyRetriever.load(tmp_path / "tv", search_threads=1)
+    assert sharded.meta["shard_starts"] == [0, 200, 400, 600, 800]
+    assert sharded.search_threads == min(5, os.cpu_count() or 1)
+    compared = crossed = 0
+    for query in [*queries(12, count=80), "river", "varn 1874"]:
+        got, want = sharded.search(query, 10), exact.search(query, 10)
+        assert [h.passage.id for h in got] == [h.passage.id for h in want], query
+        for g, w in zip(got, want, strict=True):
+            assert g.score == pytest.approx(w.score, rel=2e-5)
+        assert one_thread.search(query, 10) == got
+        compared += len(got)
+        shards_hit = {int(h.passage.id[1:]) // 200 for h in got}
+        crossed += len(shards_hit) > 1 and any(
+            a.score == b.score for a, b in itertools.pairwise(got)
+        )
+    assert compared > 700 and crossed > 10  # ties spanning shards were really ordered
+    many = sharded.search("river coast", 300)  # k beyond a shard's TIE_CANDIDATES
+    assert len(many) == 300
+    assert [h.passage.id for h in many] == [h.passage.id for h in exact.search("river coast", 300)]
+
+
 def test_every_corpus_format_gives_the_same_index(tmp_path) -> None:
     passages = random_passages(120, seed=3)
     # Text a DPR file really holds: quotes (doubled in the TSV), a tab inside a quoted field.
@@ -160,7 +193,7 @@ _BUILD = """
 import sys
 from copes.envs.retrieval import TantivyRetriever
 TantivyRetriever.build(sys.argv[1], sys.argv[2], commit_every=int(sys.argv[3]),
-                       heap_mb=16, threads=1, show_progress=False)
+                       shard_size=int(sys.argv[4]), heap_mb=16, threads=1, show_progress=False)
 """
 
 
@@ -169,10 +202,12 @@ def test_a_build_killed_mid_way_resumes_from_its_last_commit(tmp_path, caplog) -
     corpus = write_jsonl(tmp_path / "wiki.jsonl", passages)
     out = tmp_path / "index"
     state = tmp_path / "index.building" / "build_state.json"
-    child = subprocess.Popen([sys.executable, "-c", _BUILD, str(corpus), str(out), "2000"])
+    # Shards of 5,000 with commits every 2,000: the kill lands in the second shard or later,
+    # so the resume reopens a shard, cut mid-way, after finished ones.
+    child = subprocess.Popen([sys.executable, "-c", _BUILD, str(corpus), str(out), "2000", "5000"])
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and child.poll() is None:
-        if state.is_file() and len(json.loads(state.read_text())["checkpoints"]) >= 3:
+        if state.is_file() and len(json.loads(state.read_text())["checkpoints"]) >= 4:
             break
         time.sleep(0.02)
     assert child.poll() is None, "the build ended before it could be killed; use more passages"
@@ -187,11 +222,16 @@ def test_a_build_killed_mid_way_resumes_from_its_last_commit(tmp_path, caplog) -
     state.write_text(json.dumps(recorded))
 
     caplog.set_level("INFO", logger="copes.envs.retrieval.tantivy_index")
-    resumed = TantivyRetriever.build(corpus, out, commit_every=2000, show_progress=False)
+    resumed = TantivyRetriever.build(
+        corpus, out, commit_every=2000, shard_size=5000, show_progress=False
+    )
     resumed_at = [r.getMessage() for r in caplog.records if "resuming" in r.getMessage()]
-    # >= 3 checkpoints were recorded; the last one's commit may not have finished.
-    assert resumed_at and int(resumed_at[0].rsplit(" ", 1)[1]) >= 4_000
-    reference = TantivyRetriever.build(passages, tmp_path / "ref", show_progress=False)
+    # >= 4 checkpoints were recorded (the 3rd ends shard 0); the last may not have committed.
+    assert resumed_at and int(resumed_at[0].rsplit(" ", 1)[1]) >= 5_000
+    assert resumed.meta["shard_starts"] == [0, 5000, 10000, 15000, 20000]
+    reference = TantivyRetriever.build(
+        passages, tmp_path / "ref", shard_size=5000, show_progress=False
+    )
     assert len(resumed) == len(reference) == len(passages)
     assert [resumed.passage(i) for i in range(0, len(passages), 997)] == passages[::997]
     exact_order = 0
@@ -202,7 +242,7 @@ def test_a_build_killed_mid_way_resumes_from_its_last_commit(tmp_path, caplog) -
         if resumed.ties_beyond_candidates + reference.ties_beyond_candidates == before:
             assert [h.passage.id for h in got] == [h.passage.id for h in want]
             exact_order += 1
-    assert exact_order >= 20 and resumed.tie_refetches > 0
+    assert exact_order >= 20 and resumed.ties_at_cut_off > 0
 
 
 def test_an_interrupted_build_of_another_corpus_is_not_resumed(tmp_path) -> None:
@@ -229,6 +269,15 @@ def test_a_damaged_index_is_refused_at_load(tmp_path) -> None:
         TantivyRetriever.load(index)
     with pytest.raises(FileNotFoundError, match="copes-index build"):
         open_index(tmp_path)
+    other = tmp_path / "other"
+    TantivyRetriever.build(random_passages(30, seed=9), other, show_progress=False)
+    np.save(other / "shards" / "0000.positions.npy", np.arange(29, dtype=np.uint32))
+    with pytest.raises(ValueError, match="position table does not match"):
+        TantivyRetriever.load(other)
+    meta = json.loads((other / "copes_index.json").read_text())
+    (other / "copes_index.json").write_text(json.dumps({**meta, "format_version": 1}))
+    with pytest.raises(ValueError, match=r"format 1.*rebuild it with copes-index build"):
+        TantivyRetriever.load(other)
 
 
 def test_open_index_shares_one_retriever_and_knows_both_backends(small, tmp_path) -> None:

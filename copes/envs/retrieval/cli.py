@@ -55,6 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="passages between commits, the points a killed build resumes from (default 1M)",
     )
     build.add_argument(
+        "--shard-size",
+        type=int,
+        default=None,
+        help="passages a shard; shards are searched in parallel, one a core (default 2M)",
+    )
+    build.add_argument(
         "--keep-stopwords", action="store_true", help="index function words too (e.g. 'The Who')"
     )
     build.add_argument(
@@ -84,7 +90,7 @@ def _build(args: argparse.Namespace) -> int:
     tokenizer = Tokenizer(remove_stopwords=not args.keep_stopwords)
     started = time.monotonic()
     if args.backend == "tantivy":
-        from copes.envs.retrieval.tantivy_index import TantivyRetriever
+        from copes.envs.retrieval.tantivy_index import SHARD_SIZE, TantivyRetriever
 
         retriever = TantivyRetriever.build(
             args.corpus,
@@ -94,6 +100,7 @@ def _build(args: argparse.Namespace) -> int:
             heap_mb=1024 if args.heap_mb is None else args.heap_mb,
             threads=args.threads,
             commit_every=1_000_000 if args.commit_every is None else args.commit_every,
+            shard_size=SHARD_SIZE if args.shard_size is None else args.shard_size,
             restart=args.restart,
             overwrite=args.overwrite,
             show_progress=not args.quiet,
@@ -108,6 +115,7 @@ def _build(args: argparse.Namespace) -> int:
                 ("--heap-mb", args.heap_mb),
                 ("--threads", args.threads),
                 ("--commit-every", args.commit_every),
+                ("--shard-size", args.shard_size),
                 ("--restart", args.restart or None),
             )
             if value is not None
