@@ -90,7 +90,7 @@ FORMAT_VERSION = 2
 META = "copes_index.json"
 _STATE = "build_state.json"
 SHARDS_DIR = "shards"
-_DF_CACHE_SIZE = 1 << 16
+_CLAUSE_CACHE_SIZE = 1 << 16  # words whose per-shard clauses are kept
 _FIELD = "body"
 _POSITION = "pos"
 _ANALYZER = "copes_pretokenized"
@@ -232,7 +232,7 @@ class TantivyRetriever(StoredPassages):
         self._pool: ThreadPoolExecutor | None = None
         self._pool_pid = 0
         self._pool_lock = threading.Lock()
-        self._doc_freqs: dict[str, tuple[int, ...]] = {}
+        self._clause_cache: dict[str, tuple[Any, ...]] = {}
         # Searches whose top-k cut-off fell in a tie, and those whose tie outgrew a shard's
         # candidates (their order past TIE_CANDIDATES is tantivy's; benchmarks report it).
         self.ties_at_cut_off = 0
@@ -341,73 +341,72 @@ class TantivyRetriever(StoredPassages):
         limit = max(k + 1, TIE_CANDIDATES)
         work = self._shard_queries(tokens)
         found = self._search_shards(work, limit)
-        candidates = [
-            (score, shard, address)
-            for (shard, _), hits in zip(work, found, strict=True)
-            for score, address in hits
-        ]
-        if not candidates:
+        scores = sorted((score for hits in found for score, _ in hits), reverse=True)
+        if not scores:
             return []
-        candidates.sort(key=lambda c: -c[0])
         # Tie groups: each shard's IDF boost rounds in float32 on its own, so a tie between
         # shards can differ in its last bits; scores within TIE_TOLERANCE of the next higher
-        # one are a tie, ordered by corpus position and reported with the group's score.
-        groups, group, top = [], 0, candidates[0][0]
-        previous = top
-        for score, _, _ in candidates:
+        # one are a tie, ordered by corpus position and reported with the group's top score.
+        top_of: dict[float, float] = {}
+        top = previous = scores[0]
+        for number, score in enumerate(scores):
             if score < previous - TIE_TOLERANCE * abs(previous):
-                group, top = group + 1, score
-            groups.append((group, top))
+                if number >= k:
+                    break
+                top = score
+            top_of.setdefault(score, top)
             previous = score
-        last_group = groups[min(k, len(candidates)) - 1][0]
-        # Positions only for what can make the top k: the groups down to the k-th hit's.
-        ranked = sorted(
-            (group, shard.position(address), top)
-            for (group, top), (_, shard, address) in zip(groups, candidates, strict=False)
-            if group <= last_group
-        )
+        floor = previous  # the lowest score of the k-th hit's group
+        # Positions only for what can make the top k: the hits down to the k-th hit's group.
+        ranked = []
+        for (shard, _), hits in zip(work, found, strict=True):
+            for score, address in hits:
+                if score < floor:
+                    break  # a shard's hits come best first
+                ranked.append((-top_of[score], shard.position(address)))
+        ranked.sort()
         if len(ranked) > k and ranked[k][0] == ranked[k - 1][0]:
             self.ties_at_cut_off += 1
-            tie_floor = min(top for group, _, top in ranked if group == last_group)
-            if any(
-                len(hits) == limit and hits[-1][0] >= tie_floor * (1 - 2 * TIE_TOLERANCE)
-                for hits in found
-            ):
+            if any(len(hits) == limit and hits[-1][0] >= floor for hits in found):
                 self.ties_beyond_candidates += 1
-        return [SearchHit(self._store.passage(p), score) for _, p, score in ranked[:k]]
+        return [SearchHit(self._store.passage(p), -s) for s, p in ranked[:k]]
 
     def _shard_queries(self, tokens: list[str]) -> list[tuple[_Shard, Any]]:
-        """Each shard's union of term queries; with several shards, a word's IDF is the
-        corpus's (its boost rescales the shard's own), and a shard without it skips it."""
+        """Each shard's union of term queries, from the per-word clauses (`_clauses`)."""
+        per_word = [self._clauses(token) for token in tokens]
         tantivy = self._tantivy
-        occur, make = tantivy.Occur.Should, tantivy.Query.term_query
-        if len(self._shards) == 1:
-            clauses = [(occur, make(self._schema, _FIELD, t, index_option="freq")) for t in tokens]
-            return [(self._shards[0], tantivy.Query.boolean_query(clauses))]
-        doc_freqs = {token: self._doc_freq(token) for token in set(tokens)}
-        idf = {t: _idf(sum(freqs), self._num_docs) for t, freqs in doc_freqs.items()}
         work = []
         for number, shard in enumerate(self._shards):
-            clauses = []
-            for token in tokens:
-                doc_freq = doc_freqs[token][number]
-                if doc_freq:
-                    boost = idf[token] / _idf(doc_freq, shard.num_docs)
-                    term = make(self._schema, _FIELD, token, index_option="freq")
-                    clauses.append((occur, tantivy.Query.boost_query(term, boost)))
+            clauses = [clauses[number] for clauses in per_word if clauses[number] is not None]
             if clauses:
                 work.append((shard, tantivy.Query.boolean_query(clauses)))
         return work
 
-    def _doc_freq(self, token: str) -> tuple[int, ...]:
-        """The passages of each shard holding `token` (cached: agents repeat words)."""
-        freqs = self._doc_freqs.get(token)
-        if freqs is None:
-            if len(self._doc_freqs) >= _DF_CACHE_SIZE:
-                self._doc_freqs.clear()
-            freqs = tuple(shard.searcher.doc_freq(_FIELD, token) for shard in self._shards)
-            self._doc_freqs[token] = freqs
-        return freqs
+    def _clauses(self, token: str) -> tuple[Any, ...]:
+        """A word's clause in each shard's union (None where the shard lacks it), cached:
+        agents repeat words. With several shards the clause carries the corpus's IDF: it
+        is boosted by corpus IDF / shard IDF (document frequencies summed over shards)."""
+        clauses = self._clause_cache.get(token)
+        if clauses is not None:
+            return clauses
+        tantivy = self._tantivy
+        term = tantivy.Query.term_query(self._schema, _FIELD, token, index_option="freq")
+        should = tantivy.Occur.Should
+        if len(self._shards) == 1:
+            clauses = ((should, term),)
+        else:
+            freqs = [shard.searcher.doc_freq(_FIELD, token) for shard in self._shards]
+            idf = _idf(sum(freqs), self._num_docs)
+            clauses = tuple(
+                (should, tantivy.Query.boost_query(term, idf / _idf(freq, shard.num_docs)))
+                if freq
+                else None
+                for freq, shard in zip(freqs, self._shards, strict=True)
+            )
+        if len(self._clause_cache) >= _CLAUSE_CACHE_SIZE:
+            self._clause_cache.clear()
+        self._clause_cache[token] = clauses
+        return clauses
 
     def _search_shards(self, work: list[tuple[_Shard, Any]], limit: int) -> list[list[Any]]:
         """Each shard's best `limit` (score, address). The calling thread and up to
