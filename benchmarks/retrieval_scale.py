@@ -472,6 +472,13 @@ def main() -> None:
     )
     parser.add_argument("--work-dir", type=Path, default=None, help="where corpus and index go")
     parser.add_argument("--keep", action="store_true", help="keep the corpus and index")
+    parser.add_argument(
+        "--reuse",
+        type=Path,
+        default=None,
+        metavar="WORK_DIR",
+        help="search the index of a run kept with --keep again (no corpus, no build)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="JSON results path")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
@@ -496,32 +503,47 @@ def main() -> None:
         parser.error("--passages must be positive")
     exact_k1 = [] if args.exact is None else (args.exact or [1.2])
     load_before = os.getloadavg()
-    work = Path(tempfile.mkdtemp(prefix="retrieval_scale-", dir=args.work_dir))
+    reused = args.reuse is not None
+    if reused:
+        work = args.reuse
+        missing = [n for n in ("corpus.jsonl", "queries.json", "index") if not (work / n).exists()]
+        if missing:
+            parser.error(f"--reuse {work} lacks {', '.join(missing)} (keep a run with --keep)")
+    else:
+        work = Path(tempfile.mkdtemp(prefix="retrieval_scale-", dir=args.work_dir))
     try:
-        started = time.perf_counter()
-        vocab = Vocabulary(args.vocab, args.seed)
-        vocab_s = time.perf_counter() - started
         corpus = work / "corpus.jsonl"
-        started = time.perf_counter()
-        sources = write_corpus(corpus, args.passages, vocab, args.seed, args.workers)
-        corpus_s = time.perf_counter() - started
-        queries = make_queries(vocab, sources, args.queries_per_bucket, args.seed)
         queries_path = work / "queries.json"
-        queries_path.write_text(json.dumps(queries))
-        del vocab, sources
-
         index_dir = work / "index"
-        build, build_memory = run_child(
-            [
-                "--child",
-                "build",
-                str(corpus),
-                str(index_dir),
-                str(args.heap_mb),
-                str(args.threads or 0),
-                str(args.shard_size),
-            ]
-        )
+        if reused:
+            # Search only: the corpus, queries and index of a kept run (the search code
+            # changed, the index did not); the build figures are that run's.
+            queries = json.loads(queries_path.read_text())
+            vocab_s = corpus_s = None
+            meta = json.loads((index_dir / "copes_index.json").read_text())
+            build, build_memory = {"reused": str(work), "shards": len(meta["shard_starts"])}, {}
+            args.passages = meta["num_passages"]
+        else:
+            started = time.perf_counter()
+            vocab = Vocabulary(args.vocab, args.seed)
+            vocab_s = time.perf_counter() - started
+            started = time.perf_counter()
+            sources = write_corpus(corpus, args.passages, vocab, args.seed, args.workers)
+            corpus_s = time.perf_counter() - started
+            queries = make_queries(vocab, sources, args.queries_per_bucket, args.seed)
+            queries_path.write_text(json.dumps(queries))
+            del vocab, sources
+            build, build_memory = run_child(
+                [
+                    "--child",
+                    "build",
+                    str(corpus),
+                    str(index_dir),
+                    str(args.heap_mb),
+                    str(args.threads or 0),
+                    str(args.shard_size),
+                ]
+            )
         index_bytes = {
             "tantivy": sum(
                 f.stat().st_size
@@ -580,17 +602,22 @@ def main() -> None:
             "exact_bm25": exact,
         }
     finally:
-        if not args.keep:
+        if not args.keep and not reused:
             shutil.rmtree(work, ignore_errors=True)
     text = json.dumps(report, indent=2) + "\n"
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text)
     q = report["query"]
+    built = (
+        f"reused {work}"
+        if reused
+        else f"built in {build['build_s']:.0f} s, peak RSS {build_memory['peak_rss_mib']:.0f} MiB"
+    )
     print(
         f"\n{args.passages:,} passages ({report['config']['corpus_bytes'] / 2**30:.1f} GiB): "
-        f"built in {build['build_s']:.0f} s, peak RSS {build_memory['peak_rss_mib']:.0f} MiB, "
-        f"index {sum(index_bytes.values()) / 2**30:.2f} GiB, loaded in {q['load_s'] * 1000:.0f} ms"
+        f"{built}, index {sum(index_bytes.values()) / 2**30:.2f} GiB, "
+        f"loaded in {q['load_s'] * 1000:.0f} ms"
     )
     for name, label in (
         ("cold", f"search top-{args.k}, cold"),

@@ -63,3 +63,28 @@ def test_small_end_to_end_writes_every_figure(tmp_path) -> None:
         assert 0.5 < a["top_k_overlap"] <= a["tie_aware_overlap"] + 1e-9 <= 1 + 1e-9
         assert 0.95 < a["score_recall"] <= 1 + 1e-6
     assert not any(tmp_path.glob("retrieval_scale-*")), "the work folder was not removed"
+
+
+def test_a_kept_run_is_searched_again_without_a_build(tmp_path) -> None:
+    script = [sys.executable, str(ROOT / "benchmarks" / "retrieval_scale.py")]
+    small = ["--vocab", "20000", "--queries-per-bucket", "4", "--workers", "1", "--heap-mb", "32"]
+    first = subprocess.run(
+        [*script, "--passages", "3000", *small, "--work-dir", str(tmp_path), "--keep",
+         "--shard-size", "1000", "--out", str(tmp_path / "first.json")],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert first.returncode == 0, first.stderr[-3000:]
+    (kept,) = tmp_path.glob("retrieval_scale-*")
+    again = subprocess.run(
+        [*script, "--reuse", str(kept), "--out", str(tmp_path / "again.json")],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    report = json.loads((tmp_path / "again.json").read_text())
+    assert report["build"] == {"reused": str(kept), "shards": 3}
+    assert report["config"]["passages"] == 3000 and report["query"]["warm"]["p50_ms"] > 0
+    assert (kept / "index").is_dir()  # a reused run never deletes what it did not make
+    bad = subprocess.run(
+        [*script, "--reuse", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert bad.returncode == 2 and "lacks corpus.jsonl, queries.json, index" in bad.stderr
