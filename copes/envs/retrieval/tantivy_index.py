@@ -27,7 +27,7 @@ corpus is therefore split into shards of `shard_size` consecutive passages, each
 tantivy index, searched side by side on threads (tantivy releases the GIL). Scores stay
 corpus-wide where tantivy allows: each word's IDF is the whole corpus's (a boost rescales
 the shard's own IDF), while the length normalisation uses the shard's average length (not
-settable from Python; shards of a few million passages differ by a fraction of a percent).
+settable from Python; it orders passages that exact BM25 ties by shard, see docs/retrieval.md).
 A corpus of one shard scores exactly as one tantivy index. Hits are ordered by score, then
 corpus position: each shard returns its best TIE_CANDIDATES, which costs what its best 10
 cost, and a passage's position comes from a per-shard table (address -> position) written
