@@ -299,11 +299,7 @@ def child_query(index_dir: str, queries_path: str, k: int) -> dict:
                 hits.append([h.passage.id for h in found])
         passes.append(times)
     tool = SearchTool(retriever, top_k=3)
-    tool_ms = []
-    for query in queries:
-        t0 = time.perf_counter()
-        tool(query=query["text"])
-        tool_ms.append((time.perf_counter() - t0) * 1000.0)
+    tool_ms = [_timed(tool, query["text"]) for query in queries]
     # What an agent's turn pays: ToolQA-v0's env.step on a search call (parsing the turn,
     # the tool, the observation), the index opened as copes-train opens it.
     env = tool_qa_env(benchmark="synthetic-qa", limit=8, corpus_index=index_dir, max_turns=64)

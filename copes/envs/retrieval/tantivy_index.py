@@ -165,8 +165,8 @@ def _segments_path(shard_dir: Path) -> Path:
     return shard_dir.with_name(shard_dir.name + ".segments.npy")
 
 
-def _write_positions(shard_dir: Path, start: int) -> int:
-    """Write a finished shard's address -> position table; returns its passage count.
+def _write_positions(shard_dir: Path, start: int) -> None:
+    """Write a finished shard's address -> position table.
 
     Asked of the searcher itself (every passage, ordered by its position field), so the
     table holds whatever segment order and sizes tantivy's merges left.
@@ -200,7 +200,6 @@ def _write_positions(shard_dir: Path, start: int) -> int:
     tmp = shard_dir.with_name(shard_dir.name + ".positions.tmp.npy")
     np.save(tmp, positions)
     os.replace(tmp, _positions_path(shard_dir))  # last: the mark of a finished shard
-    return total
 
 
 class TantivyRetriever(StoredPassages):
