@@ -229,14 +229,50 @@ def test_a_stale_reply_in_the_pipe_is_dropped_by_its_id() -> None:
     ],
 )
 def test_hanging_expressions_time_out_and_grader_recovers(pred: str, gold: str) -> None:
+    # The worker itself (is_equivalent refuses the towers before asking it: the next test).
     assert grader._GRADER.check(r"\sqrt{16}", "4", 5.0)  # warm worker: time the check alone
     timeout = 1.0
     start = time.monotonic()
-    assert is_equivalent(pred, gold, timeout=timeout) is False
+    assert grader._GRADER.check(pred, gold, timeout) is False
     # the budget is CPU seconds: on a loaded machine the wall clock runs longer, but far
     # below the 60 s backstop when the CPU-time kill works
     assert time.monotonic() - start < timeout + 20.0
     assert is_equivalent(r"\sqrt{12}", r"2\sqrt{3}")  # restarted worker answers again
+
+
+@pytest.mark.parametrize(
+    ("pred", "gold"),
+    [
+        ("3 * 3 * 3 * 32 ** 32 * 32 ** 32 ** 32 ** 32 *", "18"),  # SmolLM2's, in the quick start
+        ("32^{32^{32}}", "18"),
+        ("(32^{32^{32}})^0", "1"),  # sympy builds the power before the ^0: it cannot
+        ("2^{10^{9}}", "2"),
+        ("9^{9^{9}}", "387420489"),  # 1.2e9 bits, far more than twice the gold's
+        ("7 \\cdot 7^{7^{7^{7}}} + 1", r"\frac{\sqrt{3}}{2}"),
+        ("2^{2^{40}}", "2^{2^{40}} + 0"),  # both too large to build: not equivalent either way
+    ],
+)
+def test_power_towers_are_refused_by_a_size_bound_without_the_worker(pred, gold) -> None:
+    grader._GRADER.close()
+    start = time.perf_counter()
+    assert is_equivalent(pred, gold) is False
+    assert time.perf_counter() - start < 0.5
+    assert grader._GRADER._proc is None  # decided before any symbolic check
+
+
+@pytest.mark.parametrize(
+    ("pred", "gold", "verdict"),
+    [
+        ("2^{10}", "1024", True),
+        ("2^{2^{9}}", str(2**512), True),  # big, and equal: left to the exact checks
+        ("2^{2^{9}}", str(2**512 + 1), False),
+        ("2^{100} \\cdot 3", str(3 * 2**100), True),
+        ("10^{10^{10} - 10^{10}}", "1", True),  # a `-` in the exponent may cancel: not refused
+        ("2^{3^{4}}", str(2**81), True),
+    ],
+)
+def test_the_size_bound_leaves_every_other_verdict_alone(pred, gold, verdict) -> None:
+    assert is_equivalent(pred, gold) is verdict
 
 
 def test_large_tower_returns_within_timeout() -> None:
@@ -272,7 +308,7 @@ def test_worker_dies_with_its_caller() -> None:
         import os, signal, threading, time
         from copes.envs.rewards import math as grader
         args = ("10^{10^{10}}", "1")
-        threading.Thread(target=grader.is_equivalent, args=args, kwargs={"timeout": 60}).start()
+        threading.Thread(target=grader._GRADER.check, args=(*args, 60.0)).start()
         while grader._GRADER._proc is None:
             time.sleep(0.01)
         time.sleep(1.0)

@@ -32,6 +32,7 @@ from copes.envs.rewards._math_normalize import (
     split_assignment,
 )
 from copes.envs.rewards._math_numbers import INTEGER, atom, canonical_int, to_number
+from copes.envs.rewards._math_size import size_verdict
 from copes.envs.rewards._math_worker import GRADER as _GRADER  # noqa: F401 (tests use it)
 from copes.envs.rewards._math_worker import SymbolicGrader as _SymbolicGrader  # noqa: F401
 from copes.envs.rewards._math_worker import symbolic_verdict as _symbolic_verdict
@@ -373,6 +374,8 @@ def _approx_verdict(pred: str, gold: str, timeout: float) -> bool:
     if not _braces_balanced(p) or len(pred) > _MAX_SYMBOLIC_CHARS:
         return False
     spaced = finish(p_value, keep_spaces=True)
+    if size_verdict(spaced, Fraction(g)) is not None:  # power towers: no worker call
+        return False
     return _symbolic_verdict(spaced, _tolerance_request(g, half_unit), timeout)
 
 
@@ -380,6 +383,9 @@ def _exact_verdict(pred: str, gold: str, timeout: float) -> bool:
     verdict, p, g = _cheap_verdict(pred, gold)
     if verdict is not None:
         return verdict
+    size = size_verdict(p, to_number(g.replace(" ", "")))  # power towers: no worker call
+    if size is not None:
+        return size
     if max(len(pred), len(gold)) > _MAX_SYMBOLIC_CHARS:
         logger.debug("math grader: answer over %d chars, not equivalent", _MAX_SYMBOLIC_CHARS)
         return False
