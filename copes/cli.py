@@ -204,20 +204,17 @@ def dry_run(config: Any, optimizer_overrides: dict[str, Any]) -> dict[str, Any]:
     Any decoder transformers builds as a causal LM: the shape comes from its config alone,
     the model built on the meta device (no weights read, nothing allocated).
     """
-    from transformers import AutoConfig
-
-    from copes.agents.models import resolve_model_path
+    from copes.agents.models import model_config
     from copes.optimizers.memory import ModelShape, compare_optimizers
     from copes.train import public_settings
 
     if config.model == "tiny":  # its shape, without building it (a few minutes)
-        from copes.agents.tiny import model_config
+        from copes.agents.tiny import model_config as tiny_config
 
-        path, model_config_ = "tiny (shape from TinyAgentConfig; not built)", model_config()
-    else:  # a folder's or the hub's config.json: no weights are read
-        path = resolve_model_path(config.model)
-        model_config_ = AutoConfig.from_pretrained(path)
-    shape = ModelShape.from_config(model_config_)
+        path, config_ = "tiny (shape from TinyAgentConfig; not built)", tiny_config()
+    else:  # a folder's, the hub's or a GGUF file's config: no weights read or converted
+        path, config_ = model_config(config.model)
+    shape = ModelShape.from_config(config_)
     seq_len = config.max_context or config.max_turns * config.max_new_tokens + 512
     estimates = compare_optimizers(shape, seq_len, generation_batch_size=config.batch_size)
     if config.population_eval == "batched":  # the run's own optimizer, N copies in one batch

@@ -170,14 +170,21 @@ class Benchmark:
     def make_grader(self, tasks: Sequence[Task] = ()) -> Any:
         """The grader the benchmark's env grades `tasks` with (answer checks included, the QA
         rule of the tasks' source, as evaluation builds it), for re-grading stored predictions.
-        Without tasks, a placeholder task of this benchmark stands in."""
+        Without tasks, a placeholder task of this benchmark stands in. Open-domain tasks get
+        a placeholder passage: grading needs no corpus."""
+        import dataclasses
+
         from copes.envs.tasks.base import Passage
 
         passage = (Passage("placeholder", "a passage, for envs that search each task's pool"),)
         placeholder = Task(  # its source picks the benchmark's QA rule (`tool_qa_env`)
             "placeholder", "?", ("0",), self.kind, passages=passage, source=self.name
         )
-        env = self.make_env(list(tasks) or [placeholder])
+        pooled = [
+            t if t.passages or t.kind != "qa" else dataclasses.replace(t, passages=passage)
+            for t in tasks
+        ]
+        env = self.make_env(pooled or [placeholder])
         try:
             return env.unwrapped.grader
         finally:

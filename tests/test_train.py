@@ -278,3 +278,60 @@ def test_resume_accepts_a_setting_added_since_at_its_default_and_refuses_a_chang
     assert "noise: 'full' -> 'lowrank'" in capsys.readouterr().err
     assert train_main([*args, "--steps", "2", "--resume"]) == 0
     assert [e["step"] for e in read_jsonl(out / "es_log.jsonl")] == [0, 1]
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "flags"),
+    [
+        ("es", ["--population-size", "4", "--sigma", "0.02", "--learning-rate", "0.01"]),
+        ("copes", ES_FAST[ES_FAST.index("--population-size") :]),
+        ("grpo", ["--group-size", "2"]),
+        ("lora-grpo", ["--group-size", "2"]),
+    ],
+)
+def test_every_optimizer_trains_in_bfloat16_on_the_cpu(tmp_path, tiny, optimizer, flags):
+    from copes.agents.hf.policy import HFPolicy
+
+    out = tmp_path / optimizer
+    args = [*FAST, *flags, *tiny, "--optimizer", optimizer, "--steps", "2", "--eval-every", "0",
+            "--dtype", "bfloat16", "--device", "cpu", "--out-dir", str(out)]  # fmt: skip
+    assert train_main(args) == 0
+    latest = out / "checkpoints" / (out / "checkpoints" / "latest").read_text()
+    weights = weights_of(latest)
+    assert {t.dtype for t in weights.values()} == {torch.bfloat16}
+    base = HFPolicy.from_pretrained(tiny[1], device="cpu", dtype="bfloat16").model.state_dict()
+    changed = [n for n, t in weights.items() if n in base and not torch.equal(t, base[n])]
+    assert changed  # two steps moved the bf16 weights
+    if optimizer in ("es", "copes"):  # the fp32 master is kept beside the bf16 weights
+        master = load_file(str(latest / "es_master.safetensors"))
+        assert {t.dtype for t in master.values()} == {torch.float32}
+    assert json.loads((out / "config.json").read_text())["train"]["dtype"] == "bfloat16"
+
+
+def test_dtype_auto_records_the_dtype_it_picked(tmp_path, tiny, monkeypatch):
+    import copes.agents.loading as loading
+
+    monkeypatch.setattr(loading, "cpu_auto_dtype", lambda: ("bfloat16", "a test's CPU"))
+    out = tmp_path / "auto"
+    args = [*ES_FAST, *tiny, "--steps", "1", "--eval-every", "0", "--dtype", "auto",
+            "--device", "cpu", "--out-dir", str(out)]  # fmt: skip
+    assert train_main(args) == 0
+    assert json.loads((out / "config.json").read_text())["train"]["dtype"] == "bfloat16"
+    monkeypatch.setattr(loading, "cpu_auto_dtype", lambda: ("float32", "another CPU"))
+    resumed = train_main([*args, "--resume", "--steps", "2"])
+    assert resumed == 2  # auto picks float32 there: the run's dtype would change
+
+
+def test_demonstrations_are_prompt_recorded_and_checked_on_resume(tmp_path, tiny):
+    out = tmp_path / "demo"
+    args = [*ES_FAST, *tiny, "--steps", "1", "--eval-every", "0", "--demonstrations", "2",
+            "--out-dir", str(out)]  # fmt: skip
+    assert train_main(args) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["train"]["demonstrations"] == 2
+    messages = config["demonstrations"]["messages"]
+    assert [m["role"] for m in messages][:4] == ["user", "assistant", "tool", "assistant"]
+    assert messages[1]["content"] == "<python>print(37 * 48 - 259)</python>"
+    assert messages[2]["content"] == "1517"  # the sandbox really ran it
+    assert train_main([*args, "--resume", "--steps", "2"]) == 0
+    assert train_main([*args, "--resume", "--steps", "3", "--demonstrations", "1"]) == 2

@@ -42,7 +42,8 @@ from typing import Any
 
 import torch
 
-from copes.agents.models import SHIPPED_WEIGHTS_SHA256, shipped_tiny_agent, weights_digest
+from copes.agents.model_files import default_cache_dir, weights_digest
+from copes.agents.models import SHIPPED_WEIGHTS_SHA256, shipped_tiny_agent
 
 logger = logging.getLogger(__name__)
 
@@ -107,11 +108,6 @@ class TinyAgentConfig:
 
         blob = json.dumps({**asdict(self), "format": FORMAT_VERSION}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:10]
-
-
-def default_cache_dir() -> Path:
-    """`$COPES_CACHE` or `~/.cache/copes`."""
-    return Path(os.environ.get("COPES_CACHE", Path.home() / ".cache" / "copes"))
 
 
 def machine_info() -> dict[str, str]:

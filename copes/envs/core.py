@@ -135,6 +135,9 @@ class ToolEnv(gym.Env[str, str]):
         max_action_chars: longest turn accepted; used as the action space's max length.
         system_prompt: an optional system message at the start of the conversation.
         instructions: builds the first user message; default `default_instructions`.
+        demonstration_messages: earlier turns played before every task (after the system
+            prompt): worked examples of the call protocol, as
+            `copes.envs.demonstrations.play` makes them. They are part of the prompt.
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 4}
@@ -153,6 +156,7 @@ class ToolEnv(gym.Env[str, str]):
         max_action_chars: int = 32_000,
         system_prompt: str | None = None,
         instructions: Instructions = default_instructions,
+        demonstration_messages: Sequence[Mapping[str, Any]] = (),
         render_mode: str | None = None,
     ) -> None:
         if not tasks:
@@ -183,6 +187,9 @@ class ToolEnv(gym.Env[str, str]):
         self.max_tool_output_chars = max_tool_output_chars
         self.system_prompt = system_prompt
         self.instructions = instructions
+        self.demonstration_messages = [dict(m) for m in demonstration_messages]
+        if any(not isinstance(m.get("role"), str) for m in self.demonstration_messages):
+            raise ValueError("demonstration_messages must be chat messages with a 'role'")
         self.render_mode = render_mode
         self.parser = TurnParser(
             self.tools, call_format, accept_boxed=accept_boxed, max_call_chars=max_action_chars
@@ -223,6 +230,7 @@ class ToolEnv(gym.Env[str, str]):
         self._messages = []
         if self.system_prompt:
             self._messages.append({"role": "system", "content": self.system_prompt})
+        self._messages += [dict(m) for m in self.demonstration_messages]
         self._messages.append({"role": "user", "content": first})
         self._turn = 0
         self._tool_calls = 0

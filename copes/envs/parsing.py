@@ -494,3 +494,61 @@ def _typed_value(text: str, schema: Mapping[str, Any] | None) -> Any:
         return json.loads(text)
     except (json.JSONDecodeError, ValueError):
         return text
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing turns: the inverse of `TurnParser.parse`, for protocol demonstrations
+# (`copes.envs.demonstrations` checks that every turn written here parses back to itself).
+
+
+def format_call(
+    call_format: str, tool: Tool, arguments: Mapping[str, Any], call_id: str = "democall1"
+) -> str:
+    """The text of a turn that calls `tool` with `arguments` in `call_format`, as a model
+    writes it (the harmony turn starts inside the message header the prompt opened)."""
+    name, args = tool.name, dict(arguments)
+    props = tool.parameters.get("properties", {})
+    if call_format == "tags":
+        if len(props) == 1 and set(args) == set(props):
+            (value,) = args.values()
+            body = value if isinstance(value, str) else json.dumps(value)
+        else:
+            body = json.dumps(args)
+        return f"<{name}>{body}</{name}>"
+    if call_format == "hermes":
+        call = json.dumps({"name": name, "arguments": args})
+        return f"<{TOOL_CALL_TAG}>\n{call}\n</{TOOL_CALL_TAG}>"
+    if call_format == "qwen-xml":
+        parameters = "".join(
+            f"<parameter={key}>\n{value if isinstance(value, str) else json.dumps(value)}\n"
+            "</parameter>\n"
+            for key, value in args.items()
+        )
+        return f"<{TOOL_CALL_TAG}>\n<function={name}>\n{parameters}</function>\n</{TOOL_CALL_TAG}>"
+    if call_format == "glm-xml":
+        pairs = "".join(
+            f"<arg_key>{key}</arg_key>\n<arg_value>"
+            f"{value if isinstance(value, str) else json.dumps(value)}</arg_value>\n"
+            for key, value in args.items()
+        )
+        return f"<{TOOL_CALL_TAG}>{name}\n{pairs}</{TOOL_CALL_TAG}>"
+    if call_format == "llama-json":
+        return json.dumps({"name": name, "parameters": args})
+    if call_format == "mistral":
+        return f"{MISTRAL_CALLS}{json.dumps([{'name': name, 'arguments': args, 'id': call_id}])}"
+    if call_format == "harmony":
+        return (
+            f"{HARMONY_CHANNEL}commentary to=functions.{name} <|constrain|>json"
+            f"{HARMONY_MESSAGE}{json.dumps(args)}{HARMONY_CLOSINGS[1]}"
+        )
+    raise ValueError(f"call_format must be one of {CALL_FORMATS}, got {call_format!r}")
+
+
+def format_answer(call_format: str, answer: str) -> str:
+    """The text of a turn that gives `answer` as the final answer in `call_format`."""
+    tagged = f"<{ANSWER_TAG}>{answer}</{ANSWER_TAG}>"
+    if call_format == "harmony":  # the final channel, closed as the model closes its reply
+        return f"{HARMONY_CHANNEL}final{HARMONY_MESSAGE}{tagged}{HARMONY_CLOSINGS[2]}"
+    if call_format not in CALL_FORMATS:
+        raise ValueError(f"call_format must be one of {CALL_FORMATS}, got {call_format!r}")
+    return tagged

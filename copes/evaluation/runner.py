@@ -53,7 +53,7 @@ CONFIG_FILE = "eval_config.json"
 # evaluations in one file.
 _SAMPLE_SETTINGS = (
     "model", "sampling", "max_turns", "batch_episodes", "call_format", "chat_template_kwargs",
-    "env_kwargs",
+    "env_kwargs", "split", "demonstrations", "dtype",
 )  # fmt: skip
 
 
@@ -174,6 +174,9 @@ def evaluate(
     call_format: str = "tags",
     regenerate_changed: bool = False,
     env_kwargs: Mapping[str, Any] | None = None,
+    split: str | None = None,
+    demonstrations: int = 0,
+    dtype: str | None = None,
 ) -> Report:
     """Sample `n` tool-using episodes per problem of each benchmark and report pass@k etc.
 
@@ -197,6 +200,10 @@ def evaluate(
             task whose data changed since (`task_digest`); without it they are refused.
         env_kwargs: extra arguments for every benchmark's env factory (e.g. `corpus_index`
             for open-domain QA over a corpus index); recorded, and checked on resume.
+        split: the split of every benchmark (None: each benchmark's own evaluation split).
+        demonstrations: worked examples of the call protocol played before every task
+            (`copes.envs.demonstrations`); their transcript's digest is recorded.
+        dtype: the policy's dtype, recorded (and checked on resume) when given.
     """
 
     ks = check_ks(ks, n)
@@ -226,20 +233,35 @@ def evaluate(
         "chat_template_kwargs": dict(getattr(chat, "template_kwargs", {})),
     }
     env_kwargs = dict(env_kwargs or {})
-    if env_kwargs:  # absent when empty, so the runs stored before this option still resume
-        config["env_kwargs"] = env_kwargs
+    # Absent when unset, so the evaluations stored before these options still resume.
+    if env_kwargs:
+        config["env_kwargs"] = dict(env_kwargs)
+    if split is not None:
+        config["split"] = split
+    if dtype is not None:
+        config["dtype"] = dtype
+    if demonstrations:
+        env_kwargs["demonstrations"] = demonstrations
     config["sampling"]["stop"] = list(sampling.stop)
-    if resume:
-        _check_resumable(out, config)
     start = time.perf_counter()
 
     # Load every benchmark before touching out_dir, so a missing file fails early.
     loaded = []
     for benchmark in resolved:
-        tasks = benchmark.load_tasks(data_dir=data_dir, limit=limit)
+        tasks = benchmark.load_tasks(split=split, data_dir=data_dir, limit=limit)
         if not tasks:
             raise ValueError(f"benchmark {benchmark.name!r} has no tasks (limit={limit})")
         loaded.append((benchmark, tasks))
+    if demonstrations:  # the examples as each benchmark's env plays them
+        config["demonstrations"] = {
+            "count": demonstrations,
+            "sha256": {
+                b.name: _demonstration_digest(b, tasks, max_turns, call_format, env_kwargs)
+                for b, tasks in loaded
+            },
+        }
+    if resume:
+        _check_resumable(out, config)
     config["task_ids"] = {b.name: [t.id for t in tasks] for b, tasks in loaded}
     done = {sample_key(r): r for r in read_samples(samples_path)} if resume else {}
     # Stored samples of tasks whose data changed: refused (before anything is written), or
@@ -335,6 +357,23 @@ def evaluate(
 
 
 # ---------------------------------------------------------------------- rescore
+def _demonstration_digest(
+    benchmark: Benchmark,
+    tasks: Sequence[Task],
+    max_turns: int,
+    call_format: str,
+    env_kwargs: Mapping[str, Any],
+) -> str:
+    """The digest of the worked examples `benchmark`'s env plays before every task."""
+    from copes.envs.demonstrations import transcript_digest
+
+    env = benchmark.make_env(tasks[:1], max_turns=max_turns, call_format=call_format, **env_kwargs)
+    try:
+        return transcript_digest(env.unwrapped.demonstration_messages)
+    finally:
+        env.close()
+
+
 def rescore(out_dir: str | Path, *, ks: Sequence[int] | None = None) -> Report:
     """Re-grade the stored predictions of an evaluation with the current graders.
 

@@ -161,6 +161,7 @@ def check_stored_samples(
     limit: int | None = None,
     data_dir: str | Path | None = None,
     regenerate_changed: bool = False,
+    split: str | None = None,
 ) -> None:
     """What `evaluate` (resuming) checks of the samples in `out_dir`, without a policy: so
     the CLI refuses stale samples before it loads a model. No samples.jsonl: nothing to do."""
@@ -168,7 +169,8 @@ def check_stored_samples(
     if not path.exists():
         return
     loaded = [
-        (b, b.load_tasks(data_dir=data_dir, limit=limit)) for b in resolve_benchmarks(benchmarks)
+        (b, b.load_tasks(split=split, data_dir=data_dir, limit=limit))
+        for b in resolve_benchmarks(benchmarks)
     ]
     done = {sample_key(r): r for r in read_samples(path)}
     stale_samples(path, done, loaded, n, regenerate_changed)
@@ -176,8 +178,10 @@ def check_stored_samples(
 
 def current_tasks(benchmark: Benchmark, task_ids: list[str], config: dict[str, Any]) -> list[Task]:
     """The tasks `task_ids` of `benchmark` as the stored evaluation loaded them now (its
-    data_dir and limit): what its samples are checked and re-graded against."""
-    loaded = benchmark.load_tasks(data_dir=config.get("data_dir"), limit=config.get("limit"))
+    split, data_dir and limit): what its samples are checked and re-graded against."""
+    loaded = benchmark.load_tasks(
+        split=config.get("split"), data_dir=config.get("data_dir"), limit=config.get("limit")
+    )
     by_id = {t.id: t for t in loaded}
     missing = [task_id for task_id in task_ids if task_id not in by_id]
     if missing:

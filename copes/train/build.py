@@ -48,6 +48,8 @@ def env_factory(config: TrainConfig, call_format: str = "tags") -> Callable[[], 
     if benchmark.grader is not None:
         kwargs["grader"] = benchmark.grader
     kwargs.update(parse_env_kwargs(config.env_kwargs))
+    if config.demonstrations:  # only then: an env without the option still runs without it
+        kwargs["demonstrations"] = config.demonstrations
     placeholder = load_tasks_for(config, config.train_split, 1)
 
     def make() -> Any:
@@ -63,7 +65,8 @@ def env_factory(config: TrainConfig, call_format: str = "tags") -> Callable[[], 
         reason = str(exc).split(" with kwargs")[0][:160]
         raise UserError(
             f"--env {config.env} is not a copes ToolEnv factory: it refused tasks=, max_turns=, "
-            f"invalid_penalty=, call_format= or --env-kwargs ({reason})"
+            f"invalid_penalty=, call_format={', demonstrations=' if config.demonstrations else ''}"
+            f" or --env-kwargs ({reason})"
         ) from None
     if not isinstance(probe.unwrapped, ToolEnv):
         probe.close()
@@ -77,28 +80,21 @@ def env_factory(config: TrainConfig, call_format: str = "tags") -> Callable[[], 
 
 
 def build_policy(config: TrainConfig, lora: tuple[int, int] | None = None) -> Policy:
-    """The policy of a run; with vLLM, GRPO also gets a transformers copy to train, and
-    `lora` = (members, rank) starts the engine's multi-LoRA serving for a batched
-    low-rank population."""
+    """The policy of a run (`copes.agents.loading.load_policy`); with vLLM, GRPO also gets a
+    transformers copy to train, and `lora` = (members, rank) starts the engine's multi-LoRA
+    serving for a batched low-rank population."""
     from copes.agents.chat import template_kwargs_for
+    from copes.agents.loading import load_policy
 
-    template_kwargs = template_kwargs_for(config.enable_thinking, config.chat_template_kwargs)
-    if config.backend == "vllm":
-        from copes.agents.vllm.policy import VLLMPolicy
-
-        return VLLMPolicy.from_pretrained(
-            config.model, dtype=config.dtype, seed=config.seed, device=config.device,
-            tensor_parallel_size=config.tensor_parallel_size,
-            gpu_memory_utilization=config.gpu_memory_utilization,
-            trainable=get_optimizer(config.optimizer).gradients,
-            chat_template_kwargs=template_kwargs,
-            lora_members=lora[0] if lora else 0, lora_rank=lora[1] if lora else 0,
-        )  # fmt: skip
-    from copes.agents.hf.policy import HFPolicy
-
-    return HFPolicy.from_pretrained(
-        config.model, device=config.device, dtype=config.dtype,
-        chat_template_kwargs=template_kwargs,
+    return load_policy(
+        config.model, backend=config.backend, device=config.device, dtype=config.dtype,
+        seed=config.seed, chat_template_kwargs=template_kwargs_for(
+            config.enable_thinking, config.chat_template_kwargs
+        ),
+        tensor_parallel_size=config.tensor_parallel_size,
+        gpu_memory_utilization=config.gpu_memory_utilization,
+        trainable=get_optimizer(config.optimizer).gradients,
+        lora_members=lora[0] if lora else 0, lora_rank=lora[1] if lora else 0,
     )  # fmt: skip
 
 

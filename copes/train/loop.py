@@ -87,6 +87,8 @@ class Trainer(RunFolder):
         )  # fmt: skip
         self.train_rollout = make_train_rollout()
         self._make_train_rollout = make_train_rollout  # what --workers actors build
+        # The worked examples every episode starts with (--demonstrations): recorded.
+        self.demonstration_messages = self.train_rollout.envs[0].unwrapped.demonstration_messages
         eval_sampling = SamplingConfig(c.max_new_tokens, temperature=c.eval_temperature)
         self.eval_rollout = TaskRollout(
             make_env, eval_tasks, len(eval_tasks), c.eval_samples, eval_sampling, c.seed + 1,

@@ -121,10 +121,17 @@ class RunFolder:
             )
 
     def _run_config(self) -> dict[str, Any]:
-        record = {
+        record: dict[str, Any] = {
             "train": public_settings(self.config),
             "optimizer": self.optimizer.state_dict().get("config"),
         }
+        if self.demonstration_messages:  # the examples as played, so a resume checks them
+            from copes.envs.demonstrations import transcript_digest
+
+            record["demonstrations"] = {
+                "sha256": transcript_digest(self.demonstration_messages),
+                "messages": self.demonstration_messages,
+            }
         return json.loads(json.dumps(record, default=str))  # compared as it is stored
 
     def _check_resume_settings(self) -> None:
@@ -145,11 +152,19 @@ class RunFolder:
                 "folder written by copes-train; choose another --out-dir"
             )
         record = self._run_config()
+        # A setting added after the run was written (e.g. --demonstrations) had its default.
+        old_train = {**self._train_defaults(), **saved["train"]}
         changed = [
-            f"{k}: {saved['train'].get(k)!r} -> {v!r}"
+            f"{k}: {old_train.get(k)!r} -> {v!r}"
             for k, v in record["train"].items()
-            if k not in RESUMABLE_CHANGES and saved["train"].get(k) != v
+            if k not in RESUMABLE_CHANGES and old_train.get(k) != v
         ]
+        old_demo, new_demo = saved.get("demonstrations") or {}, record.get("demonstrations") or {}
+        if old_demo.get("sha256") != new_demo.get("sha256"):
+            changed.append(
+                "the played demonstrations differ from the run's (another copes version "
+                "writes them differently)"
+            )
         old_opt, new_opt = saved.get("optimizer") or {}, record["optimizer"] or {}
         # A setting added after the run was written (e.g. --noise) had its default then.
         old_opt = {**self._optimizer_defaults(), **old_opt}
@@ -164,6 +179,13 @@ class RunFolder:
                 f"{'; '.join(changed)}. Resume with the original settings, or start a new run "
                 "in another --out-dir"
             )
+
+    def _train_defaults(self) -> dict[str, Any]:
+        """TrainConfig's defaults, as the run config stores them (JSON)."""
+        defaults = {
+            f.name: f.default for f in fields(self.config) if f.default is not MISSING
+        }  # fmt: skip
+        return json.loads(json.dumps(defaults, default=str))
 
     def _optimizer_defaults(self) -> dict[str, Any]:
         """The optimizer config's defaults, as the run config stores them (JSON)."""

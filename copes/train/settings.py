@@ -27,7 +27,7 @@ RESUMABLE_CHANGES = frozenset(
 # with that env, `default_benchmark`).
 DEFAULT_BENCHMARKS = {"ToolMath-v0": "synthetic-math", "ToolQA-v0": "synthetic-qa"}
 # What the trainer itself passes to every env factory, so --env-kwargs may not set it.
-TRAINER_ENV_KWARGS = ("tasks", "max_turns", "invalid_penalty", "call_format")
+TRAINER_ENV_KWARGS = ("tasks", "max_turns", "invalid_penalty", "call_format", "demonstrations")
 
 
 @dataclass
@@ -66,6 +66,11 @@ class TrainConfig:
     max_turns: int = flag("turns per episode", 4)
     max_context: int | None = flag("tokens per episode (default: the model's context)", None)
     invalid_penalty: float = flag("reward of a turn with no valid action, negated (0: none)", 0.0)
+    demonstrations: int = flag(
+        "worked examples of the call protocol played as earlier turns before every task "
+        "(0-2; prompt, never trained on: copes.envs.demonstrations)",
+        0,
+    )
     call_format: str = flag(
         "tool calls: tags (any model learns them), native (what the model's chat template "
         "teaches, found by round trip) or one of hermes, qwen-xml, llama-json, glm-xml, "
@@ -97,7 +102,9 @@ class TrainConfig:
     )
     device: str = flag("auto, cpu or cuda", "auto")
     dtype: str = flag(
-        "float32, bfloat16, or float64 (CPU runs that agree across machines)", "float32"
+        "float32, bfloat16, float16, float64 (CPU runs that agree across machines) or auto "
+        "(GPU: bf16; CPU: bf16 only where the CPU has native bf16 and it measured faster)",
+        "float32",
     )
     backend: str = flag("generation backend: hf (transformers) or vllm", "hf")
     tensor_parallel_size: int = flag("vllm: GPUs one engine spans", 1)
@@ -162,8 +169,21 @@ class TrainConfig:
         template_kwargs_for(self.enable_thinking, self.chat_template_kwargs)  # fails early
         if self.backend not in ("hf", "vllm"):
             raise ValueError(f"unknown backend {self.backend!r}; choose hf or vllm")
+        if self.backend == "hf":  # `auto` becomes the dtype it picks here, which is recorded
+            from copes.agents.loading import resolve_dtype
+
+            self.dtype = resolve_dtype(self.dtype, self.device)
+        else:
+            from copes.agents.loading import check_dtype
+
+            check_dtype(self.dtype)
         if self.keep_checkpoints < 1:
             raise ValueError(f"keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
+        if not 0 <= self.demonstrations <= 2:
+            raise ValueError(
+                f"--demonstrations must be 0, 1 or 2 (the worked examples copes has), got "
+                f"{self.demonstrations}"
+            )
         if self.batch_size < 1 or self.eval_tasks < 1 or self.eval_samples < 1:
             raise ValueError("batch_size, eval_tasks and eval_samples must be >= 1")
         if self.workers < 0 or self.checksum_every < 0:
@@ -286,7 +306,8 @@ def parse_env_kwargs(text: str | None) -> dict[str, Any]:
     if taken:
         raise ValueError(
             f"--env-kwargs sets {', '.join(taken)}, which the trainer sets itself; use "
-            "--benchmark for tasks and --max-turns, --invalid-penalty, --call-format"
+            "--benchmark for tasks and --max-turns, --invalid-penalty, --call-format, "
+            "--demonstrations"
         )
     return kwargs
 

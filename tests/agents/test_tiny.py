@@ -93,12 +93,12 @@ def test_warm_start_knows_the_tool_format(tiny_policy):
 
 
 def test_the_shipped_agent_is_the_recorded_one():
-    from copes.agents import models, tiny
+    from copes.agents import model_files, models, tiny
 
     folder = models.shipped_tiny_agent()
     assert tiny.ensure_tiny_agent() == folder  # the default recipe never builds
-    assert models.files_digest(folder) == models.SHIPPED_FILES_SHA256
-    assert models.weights_digest(folder) == models.SHIPPED_WEIGHTS_SHA256
+    assert model_files.files_digest(folder) == models.SHIPPED_FILES_SHA256
+    assert model_files.weights_digest(folder) == models.SHIPPED_WEIGHTS_SHA256
     report = json.loads((folder / "copes_tiny.json").read_text())
     assert report["weights_sha256"] == models.SHIPPED_WEIGHTS_SHA256  # the build's own record
     assert report["fingerprint"] == TinyAgentConfig().fingerprint()
@@ -127,7 +127,7 @@ def test_the_recipe_builds_once_into_the_cache_and_reuses_it(tmp_path):
     """The build path itself (the shipped agent is its full-size output): a small recipe."""
     from transformers import AutoModelForCausalLM
 
-    from copes.agents.models import weights_digest
+    from copes.agents.model_files import weights_digest
     from copes.agents.tiny import ensure_tiny_agent
 
     small = TinyAgentConfig(

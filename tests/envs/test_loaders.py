@@ -398,7 +398,7 @@ def test_registry_defaults_match_the_documented_sources():
         "gsm8k": ("openai/gsm8k", "test", "math"),
         "math500": ("HuggingFaceH4/MATH-500", "test", "math"),
         "math": ("EleutherAI/hendrycks_math", "test", "math"),
-        "aime24": ("HuggingFaceH4/aime_2024", "train", "math"),
+        "aime24": ("HuggingFaceH4/aime_2024", "test", "math"),
         "aime25": ("math-ai/aime25", "test", "math"),
         "hotpotqa": ("hotpotqa/hotpot_qa", "validation", "qa"),
         "musique": ("dgslibisey/MuSiQue", "validation", "qa"),

@@ -91,7 +91,7 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
         BenchmarkSpec("gsm8k", load_gsm8k, GSM8K_SOURCE, "test", "math"),
         BenchmarkSpec("math500", load_math500, MATH500_SOURCE, "test", "math"),
         BenchmarkSpec("math", load_math, MATH_SOURCE, "test", "math"),
-        BenchmarkSpec("aime24", load_aime24, AIME24_SOURCE, "train", "math"),
+        BenchmarkSpec("aime24", load_aime24, AIME24_SOURCE, "test", "math"),
         BenchmarkSpec("aime25", load_aime25, AIME25_SOURCE, "test", "math"),
         BenchmarkSpec("hotpotqa", load_hotpotqa, HOTPOTQA_SOURCE, "validation", "qa"),
         BenchmarkSpec("2wiki", load_2wiki, TWOWIKI_SOURCE, "validation", "qa"),

@@ -17,10 +17,13 @@ logger = logging.getLogger(__name__)
 SUPPORTED_SUFFIXES = (".jsonl", ".json", ".parquet")
 
 # A directory's files may name the split differently from the hub ("dev" for "validation").
+# `dev500` is the 500-question dev sample R1-Searcher evaluates on (`hotpotqa_500.jsonl`,
+# `2wiki_500.jsonl`, `musique_500.jsonl`): a split of its own, never taken for the full dev.
 _SPLIT_ALIASES = {
     "validation": ("dev", "val"),
     "dev": ("validation", "val"),
     "val": ("validation", "dev"),
+    "dev500": ("_500",),
 }
 
 
@@ -87,9 +90,16 @@ def _file_for_split(directory: Path, split: str) -> Path:
                 f"keep one file per split there, or pass the file itself as the source"
             )
     listed = ", ".join(p.name for p in files) or "no .jsonl/.json/.parquet files"
+    others = [
+        name
+        for name in ("train", "test", "validation", "dev500")
+        if name != split
+        and any(a in p.name for a in (name, *_SPLIT_ALIASES.get(name, ())) for p in files)
+    ]
+    hint = f"; it holds split {' and '.join(map(repr, others))} (--split)" if others else ""
     raise FileNotFoundError(
-        f"no file for split {split!r} in {str(directory)!r} (found: {listed}); expected a "
-        f"file whose name contains {split!r}, e.g. {split}.jsonl, or pass the file itself"
+        f"no file for split {split!r} in {str(directory)!r} (found: {listed}){hint}; expected "
+        f"a file whose name contains {split!r}, e.g. {split}.jsonl, or pass the file itself"
     )
 
 

@@ -148,9 +148,16 @@ def load_math(
 
 
 def load_aime24(
-    source: str | os.PathLike = AIME24_SOURCE, split: str = "train", limit: int | None = None
+    source: str | os.PathLike = AIME24_SOURCE, split: str = "test", limit: int | None = None
 ) -> list[Task]:
-    """AIME 2024 (integer answers 0-999); year, url and solution go to metadata."""
+    """AIME 2024 (integer answers 0-999); year, url and solution go to metadata.
+
+    The 30 problems are one evaluation set: Qwen2.5-Math's copy (and copes' --data-dir
+    layout) calls it `test`, the hub's `HuggingFaceH4/aime_2024` holds it as its only split,
+    `train`, which `test` reads there.
+    """
+    if not looks_like_path(source) and str(source) == AIME24_SOURCE and split == "test":
+        split = "train"  # the hub copy's name for the same 30 problems
     return _load_aime(source, split, limit, benchmark="aime24", config=None)
 
 

@@ -4,6 +4,12 @@ In the distractor setting each task carries its own passage pool (one `Passage` 
 paragraph, sentences joined), so the search tool needs no external corpus. Answers hold
 every alias, answer first. The original files and the hub conversions store the same
 fields in different shapes (lists of pairs vs dicts of lists); both are accepted.
+
+Question/answer files (no paragraphs: ReAct's `hotpot_dev_v1_simplified.json`, R1-Searcher's
+`*_500.jsonl` dev samples) give open-domain tasks without a pool: they are evaluated with a
+corpus index or a retrieval server (`tool_qa_env(corpus_index=...)`), and refused without
+one. Their ids are the file's own `idx` where it has one, else the record's position in the
+file (`<benchmark>-<split>-<n>`), so they are stable.
 """
 
 from __future__ import annotations
@@ -31,17 +37,19 @@ _MUSIQUE_CONSUMED = ("id", "question", "answer", "answer_aliases", "paragraphs")
 def load_hotpotqa(
     source: str | os.PathLike = HOTPOTQA_SOURCE, split: str = "validation", limit: int | None = None
 ) -> list[Task]:
-    """HotpotQA (distractor): 10 paragraphs per question, hub or original-file shape."""
+    """HotpotQA (distractor): 10 paragraphs per question, hub or original-file shape; a
+    question/answer file gives open-domain tasks."""
     records = load_records(source, split=split, config="distractor", limit=limit)
-    return [_context_task(record, index, "hotpotqa") for index, record in enumerate(records)]
+    return [_qa_task(record, index, "hotpotqa", split) for index, record in enumerate(records)]
 
 
 def load_2wiki(
     source: str | os.PathLike = TWOWIKI_SOURCE, split: str = "validation", limit: int | None = None
 ) -> list[Task]:
-    """2WikiMultihopQA: the original `dev.json` shape (or a hub conversion of it)."""
+    """2WikiMultihopQA: the original `dev.json` shape (or a hub conversion of it); a
+    question/answer file gives open-domain tasks."""
     records = load_records(source, split=split, limit=limit)
-    return [_context_task(record, index, "2wiki") for index, record in enumerate(records)]
+    return [_qa_task(record, index, "2wiki", split) for index, record in enumerate(records)]
 
 
 def load_musique(
@@ -64,6 +72,9 @@ def load_musique(
         answerable = bool(record.get("answerable", True))
         if not answerable and not include_unanswerable:
             skipped += 1
+            continue
+        if _question_answer_only(record):
+            tasks.append(_open_domain_task(record, index, "musique", split))
             continue
         paragraphs = required(record, "paragraphs", benchmark="musique", index=index)
         passages = []
@@ -136,6 +147,45 @@ def load_flashrag(
             )
         )
     return tasks
+
+
+# What a question/answer-only record may hold besides its question and answer.
+_QA_ONLY_EXTRAS = frozenset({"idx", "type", "gen_text_store", "level"})
+_PASSAGE_FIELDS = ("context", "paragraphs", "supporting_facts")
+
+
+def _question_answer_only(record: dict[str, Any]) -> bool:
+    """A record of a question/answer file: a question and an answer, no passage fields."""
+    return (
+        "question" in record
+        and "answer" in record
+        and not any(key in record for key in _PASSAGE_FIELDS)
+        and set(record) - {"question", "answer", "id", "_id"} <= _QA_ONLY_EXTRAS
+    )
+
+
+def _qa_task(record: dict[str, Any], index: int, benchmark: str, split: str) -> Task:
+    """A HotpotQA/2Wiki record: with its paragraphs, or open-domain (question and answer)."""
+    if _question_answer_only(record):
+        return _open_domain_task(record, index, benchmark, split)
+    return _context_task(record, index, benchmark)
+
+
+def _open_domain_task(record: dict[str, Any], index: int, benchmark: str, split: str) -> Task:
+    """A question with its gold answer and no passages (it needs a corpus to search)."""
+    record_id = record.get("id", record.get("_id"))
+    if record_id is None:
+        number = record.get("idx", index)
+        record_id = f"{benchmark}-{split}-{number}"
+    answer = required(record, "answer", benchmark=benchmark, index=index)
+    return Task(
+        id=str(record_id),
+        question=str(required(record, "question", benchmark=benchmark, index=index)),
+        answers=_aliases([answer], benchmark, index),
+        kind="qa",
+        source=benchmark,
+        metadata={"open_domain": True, **other_fields(record, "id", "_id", "question", "answer")},
+    )
 
 
 def _context_task(record: dict[str, Any], index: int, benchmark: str) -> Task:
