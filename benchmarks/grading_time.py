@@ -9,7 +9,13 @@ check when it is reached). The worker's cold start (a fresh `python -c`, imports
 is measured separately, `--starts` times: it happens before a check's budget and never
 counts against it.
 
+`--samples FILE...` also re-grades a real model's answers: the predictions stored in
+copes-eval's samples.jsonl files, each against its gold with its benchmark's grader (a fresh
+verdict cache), timing each episode's grading; how many answers the size bound refused
+(`copes.envs.rewards._math_size`, power towers) is counted too.
+
     python benchmarks/grading_time.py --out benchmarks/results/grading_time.json
+    python benchmarks/grading_time.py --samples evals/*/samples.jsonl --out ...
 """
 
 from __future__ import annotations
@@ -53,6 +59,49 @@ def worker_cpu() -> float:
     return 0.0 if cpu is None else cpu  # None: it just died; its restart is not timed here
 
 
+def time_samples(paths: list[Path]) -> dict:
+    """Per-episode grading time of the predictions in copes-eval samples files."""
+    from copes.envs.rewards._math_size import size_verdict
+    from copes.envs.tasks.base import Task
+    from copes.registry import get_benchmark
+
+    graders: dict = {}
+    wall, refused, rows = [], 0, []
+    symbolic_verdict.cache_clear()
+    GRADER.start()
+    for path in paths:
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            if record.get("prediction") is None:
+                continue
+            name = record["benchmark"]
+            benchmark = get_benchmark(name)
+            if name not in graders:
+                graders[name] = benchmark.make_grader()
+            task = Task(record["task_id"], "", tuple(record["gold"]), benchmark.kind,
+                        checks=tuple(record.get("checks", ())), source=name)  # fmt: skip
+            begin = time.perf_counter()
+            graders[name](record["prediction"], task)
+            seconds = time.perf_counter() - begin
+            if GRADER._proc is None:
+                GRADER.start()
+            wall.append(seconds)
+            if benchmark.kind == "math" and size_verdict(record["prediction"], None) is False:
+                refused += 1
+            rows.append((seconds, name, record["task_id"], record["prediction"][:120]))
+    symbolic_verdict.cache_clear()
+    rows.sort(reverse=True)
+    return {
+        "files": [str(p) for p in paths],
+        "graded_episodes": len(wall),
+        "per_episode_wall": summarize(wall) if wall else None,
+        "refused_by_the_size_bound": refused,
+        "slowest": [
+            {"wall_s": w, "benchmark": b, "task_id": t, "prediction": p} for w, b, t, p in rows[:10]
+        ],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--peer-dir", type=Path, default=DEFAULT_PEER_DIR, help="peer cases")
@@ -60,7 +109,19 @@ def main() -> None:
     parser.add_argument("--starts", type=int, default=3, help="cold starts of the worker timed")
     parser.add_argument("--slowest", type=int, default=10, help="slowest pairs listed")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results path")
+    parser.add_argument(
+        "--samples", type=Path, nargs="+", help="copes-eval samples.jsonl files to re-grade"
+    )
     args = parser.parse_args()
+    if args.samples:
+        result = {"command": "python " + " ".join(sys.argv), **time_samples(args.samples)}
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        w = result["per_episode_wall"] or {}
+        print(f"{result['graded_episodes']} episodes: grading p50 {w.get('p50_s', 0):.4f} s, "
+              f"p95 {w.get('p95_s', 0):.4f} s, max {w.get('max_s', 0):.3f} s; "
+              f"{result['refused_by_the_size_bound']} refused by the size bound")  # fmt: skip
+        return
     missing = [name for name in PEER_FILES if not (args.peer_dir / name).is_file()]
     if missing:
         sys.exit(f"error: {args.peer_dir} lacks {', '.join(missing)}; pass --peer-dir DIR")

@@ -32,7 +32,7 @@ from copes.agents.model_files import default_cache_dir, files_digest, weights_di
 
 logger = logging.getLogger(__name__)
 
-CONVERSION_FORMAT = 1  # bump when what a converted folder holds changes
+CONVERSION_FORMAT = 2  # bump when what a converted folder holds changes (2: no GGUF quantizer)
 RECORD = "copes_gguf.json"
 INSTALL_HINT = 'GGUF models need the gguf package: pip install "copes[gguf]" (or pip install gguf)'
 
@@ -177,7 +177,12 @@ def _convert(path: Path, sha256: str, target: Path, progress: bool) -> None:
             transformers_logging.enable_progress_bar()
     # The loaded model is marked as quantized and refuses `save_pretrained`: a plain model
     # built from the same config, with the de-quantized weights copied in, saves normally.
+    # The config must lose its GGUF `quantization_config` too: a folder that keeps it loads
+    # with transformers' GGUF quantizer attached, which refuses every later save (no
+    # checkpoint could be written) and warns of packed kernels on each load.
     config = loaded.config
+    if getattr(config, "quantization_config", None) is not None:
+        del config.quantization_config
     config.dtype = torch.float32
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     result = model.load_state_dict(loaded.state_dict(), strict=False)

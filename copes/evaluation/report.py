@@ -22,6 +22,9 @@ class BenchmarkResult:
     `pass_at_k[k]` is the unbiased pass@k (Chen et al. 2021) on `correct` (math: equivalent
     to the gold answer; QA: exact match); `mean_at_n` is the mean reward of all samples
     (math: accuracy; QA: token F1); `maj_at_n` is the accuracy of the majority-voted answer.
+    Over all samples: `protocol_use_rate` is the share that used the call protocol at all (a
+    tool call, or a final answer the env read), `tool_use_rate` the share with a tool call,
+    `invalid_rate` the share that ended on a turn with neither.
     """
 
     benchmark: str
@@ -34,6 +37,10 @@ class BenchmarkResult:
     mean_turns: float
     mean_generated_tokens: float
     end_reasons: dict[str, int]
+    # Reports written before these were measured lack them (None).
+    protocol_use_rate: float | None = None
+    tool_use_rate: float | None = None
+    invalid_rate: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -85,6 +92,14 @@ def metric_values(result: BenchmarkResult) -> dict[str, float]:
     values["tool calls"] = result.mean_tool_calls
     values["turns"] = result.mean_turns
     values["gen tokens"] = result.mean_generated_tokens
+    rates = {
+        "protocol use": result.protocol_use_rate,
+        "tool use": result.tool_use_rate,
+        "invalid": result.invalid_rate,
+    }
+    for name, value in rates.items():
+        if value is not None:
+            values[name] = value
     return values
 
 

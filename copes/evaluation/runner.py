@@ -151,6 +151,12 @@ def summarize(
         mean_turns=sum(r["turns"] for r in all_samples) / total,
         mean_generated_tokens=sum(r["generated_tokens"] for r in all_samples) / total,
         end_reasons=dict(sorted(Counter(r["end_reason"] for r in all_samples).items())),
+        protocol_use_rate=sum(
+            r["tool_calls"] > 0 or r["end_reason"] == "answer" for r in all_samples
+        )
+        / total,
+        tool_use_rate=sum(r["tool_calls"] > 0 for r in all_samples) / total,
+        invalid_rate=sum(r["end_reason"] == "invalid" for r in all_samples) / total,
     )
 
 

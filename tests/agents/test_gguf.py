@@ -136,6 +136,13 @@ def test_a_gguf_file_converts_to_the_exact_weights_tokenizer_and_template(
     assert ours.eos_token == theirs.eos_token
     text = "<python>print(12 * 34)</python> then <answer>408</answer>"
     assert ours(text)["input_ids"] == theirs(text)["input_ids"]
+    # A plain model folder: no GGUF quantizer is attached when it loads, and it saves.
+    assert "quantization_config" not in json.loads((folder / "config.json").read_text())
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    assert getattr(model, "hf_quantizer", None) is None
+    model.save_pretrained(folder.parent / "saved-again")
     record = json.loads((folder / "copes_gguf.json").read_text())
     assert record["architecture"] == "qwen2"
     assert record["gguf"]["sha256"] == copes_gguf.file_sha256(tiny_gguf)
