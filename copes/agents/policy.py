@@ -168,6 +168,11 @@ class Policy(Protocol):
         """Longest token sequence (prompt + generation) the model accepts."""
         ...
 
+    @property
+    def dtype(self) -> Any:
+        """The torch dtype the model computes in (recorded with what it generates)."""
+        ...
+
 
 @runtime_checkable
 class TrainablePolicy(Policy, Protocol):

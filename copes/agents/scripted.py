@@ -10,20 +10,12 @@ the answer), so a model trained on its transcripts is competent but far from per
 
 from __future__ import annotations
 
-import json
 import random
 import re
 from typing import Any
 
-from copes.envs.parsing import CallFormat
+from copes.envs.parsing import CallFormat, format_call
 from copes.envs.tasks.base import Task
-
-
-def _call(tool: str, argument: str, value: str, call_format: CallFormat) -> str:
-    if call_format == "hermes":
-        payload = json.dumps({"name": tool, "arguments": {argument: value}})
-        return f"<tool_call>{payload}</tool_call>"
-    return f"<{tool}>{value}</{tool}>"
 
 
 def _last_tool_output(messages: list[dict[str, Any]]) -> str:
@@ -69,7 +61,7 @@ class ScriptedExpert:
             code = task.metadata["solution_code"]
             if mistake == "code":
                 code = self._perturb_number(code)
-            return _call("python", "code", code, self.call_format)
+            return format_call(self.call_format, "python", {"code": code})
         output = _last_tool_output(messages).splitlines()
         return f"<answer>{output[-1].strip() if output else '0'}</answer>"
 
@@ -81,7 +73,7 @@ class ScriptedExpert:
             if mistake == "search" and turn == len(hops) - 1:
                 others = [p.title for p in task.passages if p.title not in query]
                 query = self._rng.choice(others) if others else query
-            return _call("search", "query", query, self.call_format)
+            return format_call(self.call_format, "search", {"query": query})
         answer = hops[-1]["answer"] if mistake != "early" else hops[0]["answer"]
         if mistake == "search":
             # Answer with the first entity named in the wrong passage it found.

@@ -502,14 +502,16 @@ def _typed_value(text: str, schema: Mapping[str, Any] | None) -> Any:
 
 
 def format_call(
-    call_format: str, tool: Tool, arguments: Mapping[str, Any], call_id: str = "democall1"
+    call_format: str, tool: Tool | str, arguments: Mapping[str, Any], call_id: str = "democall1"
 ) -> str:
-    """The text of a turn that calls `tool` with `arguments` in `call_format`, as a model
-    writes it (the harmony turn starts inside the message header the prompt opened)."""
-    name, args = tool.name, dict(arguments)
-    props = tool.parameters.get("properties", {})
+    """The text of a turn that calls `tool` (a tool, or its name) with `arguments` in
+    `call_format`, as a model writes it (a harmony turn starts inside the message header the
+    prompt opened). In tags, a tool's one argument is the tag's content, more are JSON."""
+    name = tool if isinstance(tool, str) else tool.name
+    args = dict(arguments)
+    props = set(args) if isinstance(tool, str) else set(tool.parameters.get("properties", {}))
     if call_format == "tags":
-        if len(props) == 1 and set(args) == set(props):
+        if len(props) == 1 and set(args) == props:
             (value,) = args.values()
             body = value if isinstance(value, str) else json.dumps(value)
         else:
@@ -517,7 +519,7 @@ def format_call(
         return f"<{name}>{body}</{name}>"
     if call_format == "hermes":
         call = json.dumps({"name": name, "arguments": args})
-        return f"<{TOOL_CALL_TAG}>\n{call}\n</{TOOL_CALL_TAG}>"
+        return f"<{TOOL_CALL_TAG}>{call}</{TOOL_CALL_TAG}>"
     if call_format == "qwen-xml":
         parameters = "".join(
             f"<parameter={key}>\n{value if isinstance(value, str) else json.dumps(value)}\n"

@@ -230,7 +230,6 @@ def _evaluate_one(model: str, out: Path, args: argparse.Namespace, sampling: Any
             env_kwargs=parse_eval_env_kwargs(args.env_kwargs),
             split=args.split,
             demonstrations=args.demonstrations,
-            dtype=policy_dtype(policy),
         )
     finally:
         close = getattr(policy, "close", None)
@@ -305,13 +304,6 @@ def run(args: argparse.Namespace) -> int:
     print(format_table(report, baseline))
     print(f"\nwrote {paths['json']}, {paths['csv']} and {len(paths['plots'])} plot(s) in {out}")
     return 0
-
-
-def policy_dtype(policy: Any) -> str | None:
-    """The dtype the policy computes in, as recorded with its samples (None if unknown)."""
-    model = getattr(policy, "model", None)
-    dtype = getattr(model, "dtype", None) or getattr(policy, "engine_dtype", None)
-    return None if dtype is None else str(dtype).removeprefix("torch.")
 
 
 def report_results(report: Any, out: Path, args: argparse.Namespace) -> None:

@@ -98,7 +98,7 @@ def _check_resumable(out_dir: Path, config: dict[str, Any]) -> None:
     if old is None:
         return
     for name in _SAMPLE_SETTINGS:
-        if name == "model" and (old.get("model") is None or config.get("model") is None):
+        if name in ("model", "dtype") and (old.get(name) is None or config.get(name) is None):
             continue
         if old.get(name) != config.get(name):
             raise ValueError(
@@ -182,7 +182,6 @@ def evaluate(
     env_kwargs: Mapping[str, Any] | None = None,
     split: str | None = None,
     demonstrations: int = 0,
-    dtype: str | None = None,
 ) -> Report:
     """Sample `n` tool-using episodes per problem of each benchmark and report pass@k etc.
 
@@ -209,7 +208,6 @@ def evaluate(
         split: the split of every benchmark (None: each benchmark's own evaluation split).
         demonstrations: worked examples of the call protocol played before every task
             (`copes.envs.demonstrations`); their transcript's digest is recorded.
-        dtype: the policy's dtype, recorded (and checked on resume) when given.
     """
 
     ks = check_ks(ks, n)
@@ -244,8 +242,8 @@ def evaluate(
         config["env_kwargs"] = dict(env_kwargs)
     if split is not None:
         config["split"] = split
-    if dtype is not None:
-        config["dtype"] = dtype
+    # Checked on resume when both evaluations recorded it (older ones did not).
+    config["dtype"] = None if policy is None else str(policy.dtype).removeprefix("torch.")
     if demonstrations:
         env_kwargs["demonstrations"] = demonstrations
     config["sampling"]["stop"] = list(sampling.stop)

@@ -273,3 +273,22 @@ def test_a_named_model_is_the_packaged_file(monkeypatch, tiny_gguf, cache):
         PackagedModel("test-model", "copes-test-pkg", "copes_test_pkg", "weights.gguf", "x"),
     )
     assert weights_digest(resolve_model_path("test-model")) == SHIPPED_WEIGHTS_SHA256
+
+
+def test_copes_train_and_copes_serve_run_a_gguf_file_and_checkpoint_it(tiny_gguf, tmp_path, cache):
+    """The converted folder trains, is served (copes' env loop as the HTTP client) and its
+    checkpoints save: a folder that kept transformers' GGUF quantizer could not be saved."""
+    from copes.cli import train_main
+    from copes.serve.cli import serve_main
+
+    common = ["--model", str(tiny_gguf), "--optimizer", "copes", "--population-size", "2",
+              "--num-subspaces", "2", "--batch-size", "2", "--max-new-tokens", "32",
+              "--eval-tasks", "2", "--num-train-tasks", "20", "--steps", "1", "--no-progress",
+              "--report-to", "none", "--device", "cpu"]  # fmt: skip
+    assert train_main([*common, "--out-dir", str(tmp_path / "trained")]) == 0
+    assert serve_main([*common, "--harness", "env", "--out-dir", str(tmp_path / "served")]) == 0
+    for run in ("trained", "served"):
+        checkpoint = tmp_path / run / "checkpoints" / "step-000001"
+        assert (checkpoint / "model.safetensors").is_file(), run
+        config = json.loads((checkpoint / "config.json").read_text())
+        assert "quantization_config" not in config

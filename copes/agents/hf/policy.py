@@ -121,6 +121,10 @@ class HFPolicy(ChatGeneration):
         return next(self.model.parameters()).device
 
     @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    @property
     def max_context(self) -> int:
         return int(getattr(self.model.config, "max_position_embeddings", 4096))
 

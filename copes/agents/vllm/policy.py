@@ -247,6 +247,10 @@ class VLLMPolicy(ChatGeneration):
 
     # ------------------------------------------------------------------ Policy API
     @property
+    def dtype(self) -> torch.dtype:
+        return self.engine_dtype
+
+    @property
     def max_context(self) -> int:
         return int(self.llm.llm_engine.model_config.max_model_len)
 
