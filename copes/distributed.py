@@ -31,6 +31,7 @@ from copes.optimizers.perturb import Perturbation
 if TYPE_CHECKING:
     from copes.agents.policy import Policy
     from copes.optimizers.base import RolloutFn
+    from copes.optimizers.configs import CoPESConfig
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ class ReplicaSpec:
         model_path: the initial model (the same folder or hub id on every node).
         rollout_factory: builds the run's training `TaskRollout` (tasks, envs, sampling),
             so every actor chooses exactly the tasks the one-process loop would.
-        optimizer_state: `CoPES.state_dict()` of the driver's optimizer (its config).
+        optimizer_config: the driver's `CoPESConfig` (members and updates follow from it).
         cpus_per_worker, gpus_per_worker: Ray resources of one actor (one placement-group
             bundle); gpus_per_worker = 1 is one replica per GPU.
         torch_threads: torch intra-op threads inside an actor (1 on shared CPUs).
@@ -73,7 +74,7 @@ class ReplicaSpec:
     policy_factory: PolicyFactory
     model_path: str
     rollout_factory: Callable[[], RolloutFn]
-    optimizer_state: dict[str, Any]
+    optimizer_config: CoPESConfig
     cpus_per_worker: float = 1.0
     gpus_per_worker: float = 0.0
     torch_threads: int = 1
@@ -113,8 +114,7 @@ class ReplicaWorker:
             master = load_master_state(Path(source))
             if master is not None:  # the fp32 master a bf16 checkpoint cannot hold
                 self.policy.weights().load_master_state(master)
-        self.optimizer = CoPES()
-        self.optimizer.load_state_dict(spec.optimizer_state)
+        self.optimizer = CoPES(spec.optimizer_config)
         entries = [{"step": s, "rewards": history[s]} for s in range(first, step)]
         self.optimizer.replay(entries, self.policy.weights())
         self.rollout = spec.rollout_factory()
@@ -145,8 +145,13 @@ class ReplicaWorker:
 class RayPopulation:
     """Evaluates ES/CoPES populations on W Ray actors; the trainer's `--workers W`.
 
+    Built where the run is built and given to the optimizer then; Ray starts (a local
+    cluster, or `address`), the placement group is reserved and the actors are created on
+    the first step (`start`), after the run was accepted.
+
     Args:
         spec: how every actor builds its replica.
+        policy: the driver's policy, whose weights the replicas must match (checksums).
         workers: W, the number of actors (one placement-group bundle each).
         run_dir: the run folder; replacements rebuild from its latest checkpoint, and a
             resumed run's actors start from it plus `es_log.jsonl`.
@@ -160,6 +165,7 @@ class RayPopulation:
     def __init__(
         self,
         spec: ReplicaSpec,
+        policy: Policy,
         workers: int,
         run_dir: str | Path,
         address: str | None = None,
@@ -169,37 +175,45 @@ class RayPopulation:
     ) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
-        self.ray = ray = import_ray()
+        self.ray = import_ray()  # a missing install fails now, before the run starts
         self.spec = spec
+        self._policy = policy
         self.num_workers = workers
         self.run_dir = Path(run_dir)
+        self.address = address
         self.checksum_every = checksum_every
         self.max_member_failures = max_member_failures
         self.ready_timeout = ready_timeout
         self.restarts = 0
         self.rebuilds: list[dict[str, Any]] = []  # built_from of every replacement actor
+        self._owns_ray = False
+        self._group: Any = None  # the placement group, reserved by `start`
+        self._workers: list[Any] = []
+        self._history: dict[int, list[float]] = {}  # step -> rewards: what replicas replay
+        self._steps_applied = 0  # the replicas hold the weights after this many steps
+        self._tells: dict[Any, int] = {}  # the current step's pending tells
+        self._restarts_before = 0
+        self._evaluate_seconds = 0.0
+
+    def _connect(self) -> None:
+        """Start (or join) Ray and reserve one placement-group bundle per worker."""
+        ray, workers = self.ray, self.num_workers
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:
             ray.init(
-                address=address,
-                num_cpus=None if address else max(1, int(workers * spec.cpus_per_worker)),
+                address=self.address,
+                num_cpus=None if self.address else max(1, int(workers * self.spec.cpus_per_worker)),
                 include_dashboard=False,
                 logging_level=logging.WARNING,
             )
         try:
-            self._group = self._reserve(workers, local=self._owns_ray and address is None)
+            self._group = self._reserve(workers, local=self._owns_ray and self.address is None)
         except BaseException:
             if self._owns_ray:
                 ray.shutdown()
+                self._owns_ray = False
             raise
         self._actor_class = ray.remote(ReplicaWorker)
-        self._workers: list[Any] = []
-        self._history: dict[int, list[float]] = {}  # step -> rewards: what replicas replay
-        self._steps_applied = 0  # the replicas hold the weights after this many steps
-        self._policy: Any = None  # the driver's (attach)
-        self._tells: dict[Any, int] = {}  # the current step's pending tells
-        self._restarts_before = 0
-        self._evaluate_seconds = 0.0
 
     # ------------------------------------------------------------------ actors
     def _reserve(self, workers: int, local: bool) -> Any:
@@ -264,10 +278,12 @@ class RayPopulation:
         return actor.remote(self.spec, base, self._history, self._steps_applied)
 
     def start(self, step: int, checksum: str | None = None) -> None:
-        """Create the W actors at the weights of the start of `step` and wait for them; with
-        the driver's `checksum`, check that they rebuilt exactly its weights."""
+        """Start Ray, create the W actors at the weights of the start of `step` and wait for
+        them; with the driver's `checksum`, check that they rebuilt exactly its weights."""
         from copes.run_log import read_jsonl
 
+        if self._group is None:
+            self._connect()
         log = self.run_dir / "es_log.jsonl"
         entries = read_jsonl(log) if log.exists() else []
         self._history = {int(e["step"]): e["rewards"] for e in entries if e["step"] < step}
@@ -294,11 +310,6 @@ class RayPopulation:
         return [info["pid"] for info in self.ray.get([w.info.remote() for w in self._workers])]
 
     # ------------------------------------------------------------------ one step
-    def attach(self, policy: Policy) -> RayPopulation:
-        """The driver's policy, whose weights the replicas must match (checksums)."""
-        self._policy = policy
-        return self
-
     def evaluate(self, step: int, members: Sequence[Perturbation]) -> list[MemberResult]:
         """A `PopulationEvaluator`: the members on the actors (started on first use); the
         replicas get the step's rewards at once, to apply while the driver does."""
@@ -421,15 +432,19 @@ class RayPopulation:
             )
 
     def close(self) -> None:
-        """Stop the actors, free the placement group, and stop Ray if this object started it."""
+        """Stop the actors, free the placement group, and stop Ray if this object started it
+        (nothing to do if it never started)."""
         ray = self.ray
         for worker in self._workers:
             with contextlib.suppress(Exception):  # dead or stuck: killed below anyway
                 ray.get(worker.close.remote(), timeout=30)
             ray.kill(worker, no_restart=True)
         self._workers = []
-        from ray.util.placement_group import remove_placement_group
+        if self._group is not None:
+            from ray.util.placement_group import remove_placement_group
 
-        remove_placement_group(self._group)
+            remove_placement_group(self._group)
+            self._group = None
         if self._owns_ray:
             ray.shutdown()
+            self._owns_ray = False

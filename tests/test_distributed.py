@@ -24,6 +24,7 @@ from safetensors.torch import load_file
 
 from copes.cli import parse_train_args, train_main
 from copes.distributed import RayPopulation, ReplicaMismatchError, ReplicaSpec
+from copes.optimizers.configs import CoPESConfig
 from copes.run_log import read_jsonl
 from copes.train import Trainer
 
@@ -40,9 +41,11 @@ def test_more_gpus_than_the_machine_has_fail_at_once(tmp_path):
     """Runs before the module's Ray is up: this population starts (and stops) its own."""
     assert not ray.is_initialized()
     spec = ReplicaSpec(policy_factory=print, model_path="unused", rollout_factory=list,
-                       optimizer_state={}, gpus_per_worker=1.0)  # fmt: skip
+                       optimizer_config=CoPESConfig(), gpus_per_worker=1.0)  # fmt: skip
+    population = RayPopulation(spec, None, workers=torch.cuda.device_count() + 1, run_dir=tmp_path)
+    assert not ray.is_initialized()  # built with the run; Ray starts on the first step
     with pytest.raises(RuntimeError, match=r"short of \['GPU'\]"):
-        RayPopulation(spec, workers=torch.cuda.device_count() + 1, run_dir=tmp_path)
+        population.start(0)
     assert not ray.is_initialized()  # the Ray it started is stopped again
 
 
@@ -140,7 +143,7 @@ def test_worker_sigkilled_mid_step_is_replaced_and_the_result_is_unchanged(
         while not (out / "checkpoints" / "latest").exists():  # step 0 done and checkpointed
             assert time.time() < deadline
             time.sleep(0.02)
-        pid = trainer.population.worker_pids()[0]
+        pid = trainer.evaluator.worker_pids()[0]
         start = cpu_seconds(pid)
         # It is evaluating a member of step 1 (a member takes well under a second since the
         # episode loop, so watch closely: 0.3 s once outlasted the whole run).
@@ -155,7 +158,7 @@ def test_worker_sigkilled_mid_step_is_replaced_and_the_result_is_unchanged(
     trainer.run()
     killer.join(timeout=60)
     assert seen["steps_logged"] == 1  # killed inside step 1, before its result existed
-    population = trainer.population
+    population = trainer.evaluator
     assert population.restarts == 1
     (rebuilt,) = population.rebuilds
     assert rebuilt["pid"] != seen["pid"]
@@ -170,8 +173,7 @@ def test_rebuild_from_the_initial_model_and_diverged_replicas_are_an_error(
     config, overrides, _ = parse_train_args([*RUN, *tiny, "--workers", "2", "--out-dir",
                                              str(tmp_path / "run")])  # fmt: skip
     trainer = Trainer(config, overrides)
-    population = trainer.start_population()
-    trainer.optimizer.use_evaluator(population)
+    population = trainer.evaluator  # Ray and the actors start on the first step
     try:
         first = trainer.optimizer.step(trainer.policy, trainer.train_rollout)
         os.kill(population.worker_pids()[1], signal.SIGKILL)  # idle, between steps

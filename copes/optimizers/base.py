@@ -84,8 +84,11 @@ class Optimizer(Protocol):
 
 
 class PopulationEvaluator(Protocol):
-    """Where an ES/CoPES step's members are evaluated: in this process (`LocalEvaluator`),
-    on Ray actors (`copes.distributed.RayPopulation`), or, later, many in one batch."""
+    """Where an ES/CoPES step's members are evaluated: one after another in this process
+    (`LocalEvaluator`), all in one batch (`copes.optimizers.batched.BatchedEvaluator`), as
+    served sessions (`copes.serve.ServedEvaluator`) or on Ray actors
+    (`copes.distributed.RayPopulation`). Chosen where a run is built and given to the
+    optimizer when it is constructed."""
 
     def evaluate(self, step: int, members: Sequence[Perturbation]) -> list[MemberResult]:
         """One result per member, in member order."""
@@ -93,6 +96,10 @@ class PopulationEvaluator(Protocol):
 
     def applied(self, step: int, rewards: Sequence[float]) -> dict[str, float]:
         """The update of `step` was applied here: bring replicas along; extra metrics."""
+        ...
+
+    def close(self) -> None:
+        """Release what it holds outside this process (actors, engine adapters)."""
         ...
 
 

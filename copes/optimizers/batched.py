@@ -128,9 +128,10 @@ class BatchedEvaluator:
 
             if not rank:
                 raise ValueError(FULL_RANK_ON_VLLM)
-            # vLLM sizes its LoRA buffers itself, inside --gpu-memory-utilization.
-            self.stacked: Any = VLLMLowRankPopulation(policy, population_size, rank)
-            self.population: Any = self.stacked
+            # vLLM sizes its LoRA buffers itself, inside --gpu-memory-utilization. The
+            # engine's adapters hold the members, and the same object runs their rows.
+            self.member_weights: Any = VLLMLowRankPopulation(policy, population_size, rank)
+            self.population_policy: Any = self.member_weights
             return
         if not getattr(policy, "supports_episodes", False):
             raise ValueError(
@@ -139,18 +140,22 @@ class BatchedEvaluator:
                 "cache the loop supports, or --population-eval sequential)"
             )
         check_population_fits(policy.model, population_size, free_bytes, rank)
-        self.stacked = (
+        # Where the members' weights live (N stacked copies, or N rank-r adapters) and the
+        # policy whose every row computes with its own member.
+        self.member_weights = (
             LowRankPopulation(policy.model, policy.weights(), population_size, rank)
             if rank
             else StackedModel(policy.model, population_size)
         )
         episodes = population_size * rollout.batch_size * rollout.samples
-        self.population = PopulationPolicy(policy, self.stacked, batch_size or episodes)
+        self.population_policy = PopulationPolicy(
+            policy, self.member_weights, batch_size or episodes
+        )
 
     def check_members(self, members: Sequence[Perturbation]) -> None:
         """A step's members must fit the population and be of its rank."""
-        if len(members) > self.stacked.members:
-            raise ValueError(f"{len(members)} members but room for {self.stacked.members}")
+        if len(members) > self.member_weights.members:
+            raise ValueError(f"{len(members)} members but room for {self.member_weights.members}")
         if any(m.rank != self.rank for m in members):
             raise ValueError(
                 f"this evaluator serves rank-{self.rank} members (0: full rank); the step asked "
@@ -161,33 +166,35 @@ class BatchedEvaluator:
         self.check_members(members)
         weight_seconds = self._load(members)
         try:
-            batches = self.rollout.population(self.population, step, [m.member for m in members])
+            batches = self.rollout.population(
+                self.population_policy, step, [m.member for m in members]
+            )
         finally:
             if self.on_vllm:
-                self.stacked.unload()
+                self.member_weights.unload()
         results = []
         for member, batch, seconds in zip(members, batches, weight_seconds, strict=True):
             if self.on_batch is not None:
                 self.on_batch(member.member, batch)
-            results.append(MemberResult.of(member.member, batch, seconds))
+            results.append(MemberResult.of_batch(member.member, batch, seconds))
         return results
 
     def _load(self, members: Sequence[Perturbation]) -> list[float]:
         """Put every member into its slot; returns the seconds each took."""
         if self.on_vllm:  # the workers write the members' adapters, all in one call
             start = time.perf_counter()
-            self.stacked.load(members)
+            self.member_weights.load(members)
             return [(time.perf_counter() - start) / len(members)] * len(members)
         weights = self.policy.weights()
         seconds = []
         for slot, member in enumerate(members):
             start = time.perf_counter()
             if self.rank:  # the adapter: no weight change
-                self.stacked.load(slot, weights.low_rank_factors(member))
+                self.member_weights.load(slot, weights.low_rank_factors(member))
             else:
                 weights.perturb(member)
                 try:
-                    self.stacked.fill(slot)
+                    self.member_weights.fill(slot)
                 finally:
                     weights.restore()
             seconds.append(time.perf_counter() - start)
@@ -198,5 +205,5 @@ class BatchedEvaluator:
 
     def close(self) -> None:
         """Release what the population holds outside this process (vLLM's adapters)."""
-        if hasattr(self.stacked, "close"):
-            self.stacked.close()
+        if self.on_vllm:
+            self.member_weights.close()

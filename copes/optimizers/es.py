@@ -98,17 +98,38 @@ class MemberResult:
     weight_seconds: float = 0.0  # perturb + restore
 
     @classmethod
-    def of(cls, member: int, batch: RolloutBatch, weight_seconds: float) -> MemberResult:
-        """The result of `member` from its rollout batch."""
+    def of(
+        cls,
+        member: int,
+        rewards: Sequence[float],
+        correct: Sequence[bool],
+        *,
+        generation_seconds: float,
+        env_seconds: float,
+        generated_tokens: int,
+        weight_seconds: float,
+    ) -> MemberResult:
+        """The result of `member` from its episodes' rewards and verdicts: the member's
+        reward is their mean (0 for no episodes), its accuracy the share correct."""
         return cls(
             member=member,
-            reward=float(np.mean([t.reward for t in batch])) if batch else 0.0,
-            accuracy=float(np.mean([t.correct for t in batch])) if batch else 0.0,
-            generation_seconds=batch.stats.generation_seconds,
-            env_seconds=batch.stats.env_seconds,
-            generated_tokens=batch.stats.generated_tokens,
+            reward=float(np.mean(rewards)) if len(rewards) else 0.0,
+            accuracy=float(np.mean(correct)) if len(correct) else 0.0,
+            generation_seconds=generation_seconds,
+            env_seconds=env_seconds,
+            generated_tokens=generated_tokens,
             weight_seconds=weight_seconds,
         )
+
+    @classmethod
+    def of_batch(cls, member: int, batch: RolloutBatch, weight_seconds: float) -> MemberResult:
+        """`of` a rollout batch (its trajectories and stats)."""
+        return cls.of(
+            member, [t.reward for t in batch], [t.correct for t in batch],
+            generation_seconds=batch.stats.generation_seconds,
+            env_seconds=batch.stats.env_seconds,
+            generated_tokens=batch.stats.generated_tokens, weight_seconds=weight_seconds,
+        )  # fmt: skip
 
 
 def evaluate_member(
@@ -132,7 +153,7 @@ def evaluate_member(
         weight_seconds += time.perf_counter() - start
     if on_batch is not None:
         on_batch(member.member, batch)
-    return MemberResult.of(member.member, batch, weight_seconds)
+    return MemberResult.of_batch(member.member, batch, weight_seconds)
 
 
 class LocalEvaluator:
@@ -160,24 +181,27 @@ class LocalEvaluator:
     def applied(self, step: int, rewards: Sequence[float]) -> dict[str, float]:
         return {}  # no replicas
 
+    def close(self) -> None:
+        """Nothing to release: the members ran on the policy's own weights."""
+
 
 class CoPES:
     """CoPES (and ES with K = 1) as an ask/tell optimizer over a `WeightSpace`.
 
-    A step asks for its members, has a `PopulationEvaluator` score them (this process by
-    default; `use_evaluator` for Ray actors), and tells the update to the weights.
+    A step asks for its members, has its `PopulationEvaluator` score them, and tells the
+    update to the weights. The evaluator is given here, once, by whoever builds the run
+    (`copes.train.build.build_evaluator`: one batch, the server, Ray actors); None evaluates
+    the members one after another in this process, on the policy and rollout `step` gets.
     """
 
     samples_per_task = 1  # ES scores each member on the batch's tasks once
     replays = True  # a step is its seeds and rewards: the log re-applies it exactly
 
-    def __init__(self, config: CoPESConfig | None = None) -> None:
+    def __init__(
+        self, config: CoPESConfig | None = None, evaluator: PopulationEvaluator | None = None
+    ) -> None:
         self.config = config or CoPESConfig()
         self.step_count = 0
-        self.evaluator: PopulationEvaluator | None = None
-
-    def use_evaluator(self, evaluator: PopulationEvaluator | None) -> None:
-        """Evaluate members with `evaluator` (None: in this process)."""
         self.evaluator = evaluator
 
     # ------------------------------------------------------------------ ask / tell

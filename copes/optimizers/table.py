@@ -2,17 +2,41 @@
 
 Each entry names its hyper-parameter dataclass (its flags), the defaults that make it what it
 is (plain ES is CoPES with K = 1 and Qiu et al.'s N = 30; LoRA-GRPO is GRPO with an
-adapter), and where its algorithm lives (imported only when a run builds it).
+adapter), and the function that builds its algorithm (which imports it only then: `--help`
+and the memory planner run without torch).
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from copes.optimizers.configs import ES_DEFAULTS, CoPESConfig, GRPOConfig
+
+if TYPE_CHECKING:
+    from copes.agents.policy import Policy
+    from copes.optimizers.base import Optimizer, PopulationEvaluator
+
+
+def build_copes(
+    config: CoPESConfig, policy: Policy, evaluator: PopulationEvaluator | None
+) -> Optimizer:
+    """ES or CoPES, its members scored by `evaluator` (None: one after another here)."""
+    from copes.optimizers.es import CoPES
+
+    return CoPES(config, evaluator)
+
+
+def build_grpo(
+    config: GRPOConfig, policy: Policy, evaluator: PopulationEvaluator | None
+) -> Optimizer:
+    """GRPO (LoRA-GRPO with `config.lora`), training `policy`'s own model; no population."""
+    from copes.optimizers.grpo import GRPO
+
+    if evaluator is not None:
+        raise ValueError("GRPO trains one policy: it has no population to evaluate elsewhere")
+    return GRPO(config, policy)
 
 
 @dataclass(frozen=True)
@@ -21,14 +45,16 @@ class OptimizerSpec:
     config: type
     defaults: Mapping[str, Any] = field(default_factory=dict)
     fixed: Mapping[str, Any] = field(default_factory=dict)  # what makes it this optimizer
-    algorithm: str = ""  # "module:Class"; the class takes (config) or (config, policy)
-    takes_policy: bool = False
+    # builds the algorithm from (its config, the run's policy, the population evaluator)
+    build: Callable[..., Any] = build_copes
     summary: str = ""
     # Which TrainConfig field sets the training rollouts' temperature (ES scores greedily,
     # Qiu et al.; GRPO samples), and whether it trains by gradients (a vLLM run then keeps a
     # trainable transformers copy).
     rollout_temperature: str = "es_temperature"
     gradients: bool = False
+    # Trajectories of each task a step rolls out (GRPO's group; ES scores each task once).
+    samples_per_task: Callable[[Any], int] = lambda config: 1
 
     def flags(self) -> set[str]:
         return {f.name for f in fields(self.config)}
@@ -51,32 +77,26 @@ class OptimizerSpec:
             )
         return self.config(**{**self.defaults, **settings, **self.fixed})
 
-    def build(self, config: Any, policy: Any) -> Any:
-        module, _, name = self.algorithm.partition(":")
-        cls = getattr(importlib.import_module(module), name)
-        return cls(config, policy) if self.takes_policy else cls(config)
-
 
 OPTIMIZERS: dict[str, OptimizerSpec] = {
     spec.name: spec
     for spec in (
         OptimizerSpec(
-            "es", CoPESConfig, ES_DEFAULTS, algorithm="copes.optimizers.es:CoPES",
+            "es", CoPESConfig, ES_DEFAULTS, build=build_copes,
             summary="plain ES, Qiu et al. 2025",
         ),
         OptimizerSpec(
-            "copes", CoPESConfig, algorithm="copes.optimizers.es:CoPES",
-            summary="cooperative subspace ES",
+            "copes", CoPESConfig, build=build_copes, summary="cooperative subspace ES",
         ),
         OptimizerSpec(
-            "grpo", GRPOConfig, algorithm="copes.optimizers.grpo:GRPO", takes_policy=True,
-            summary="group-relative policy gradient", rollout_temperature="temperature",
-            gradients=True,
-        ),
-        OptimizerSpec(
-            "lora-grpo", GRPOConfig, algorithm="copes.optimizers.grpo:GRPO", fixed={"lora": True},
-            takes_policy=True, summary="GRPO on a LoRA adapter",
+            "grpo", GRPOConfig, build=build_grpo, summary="group-relative policy gradient",
             rollout_temperature="temperature", gradients=True,
+            samples_per_task=lambda config: config.group_size,
+        ),
+        OptimizerSpec(
+            "lora-grpo", GRPOConfig, fixed={"lora": True}, build=build_grpo,
+            summary="GRPO on a LoRA adapter", rollout_temperature="temperature",
+            gradients=True, samples_per_task=lambda config: config.group_size,
         ),
     )
 }  # fmt: skip

@@ -24,8 +24,6 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
-import numpy as np
-
 from copes.agents.rollout import RolloutBatch, RolloutStats, Trajectory
 from copes.envs.tasks.base import task_to_dict
 from copes.optimizers.batched import BatchedEvaluator
@@ -180,25 +178,22 @@ class ServedEvaluator(BatchedEvaluator):
         served = self.server.open_step(step, specs, sampling=sampling)
         self.last_served = served  # its sessions' records, for diagnostics and tests
         try:
-            stats = _serve_step(self.server, self.harness, served, self.population, sampling)
+            stats = _serve_step(self.server, self.harness, served, self.population_policy, sampling)
         finally:
             self.server.close_step(served)
             if self.on_vllm:  # nothing else may be served with the members' adapters
-                self.stacked.unload()
+                self.member_weights.unload()
         share = len(members)
         results = []
         for slot, member in enumerate(members):
             mine = [s for s in served.sessions if s.member == member.member]
-            results.append(
-                MemberResult(
-                    member=member.member,
-                    reward=float(np.mean([s.reward for s in mine])),
-                    accuracy=float(np.mean([bool(s.correct) for s in mine])),
-                    generation_seconds=stats["seconds"] / share,
-                    generated_tokens=sum(sum(s.sampled_mask) for s in mine),
-                    weight_seconds=weight_seconds[slot],
-                )
-            )
+            result = MemberResult.of(
+                member.member, [s.reward for s in mine], [bool(s.correct) for s in mine],
+                generation_seconds=stats["seconds"] / share, env_seconds=0.0,
+                generated_tokens=sum(sum(s.sampled_mask) for s in mine),
+                weight_seconds=weight_seconds[slot],
+            )  # fmt: skip
+            results.append(result)
         return results
 
 

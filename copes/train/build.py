@@ -1,15 +1,17 @@
 """The run's parts from its settings: tasks, the env factory, the policy (transformers or
-vLLM, LoRA when GRPO trains adapters) and the optimizer."""
+vLLM, LoRA when GRPO trains adapters), the population evaluator and the optimizer."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 from copes.agents.policy import Policy
 from copes.errors import UserError
-from copes.optimizers.base import Optimizer
+from copes.optimizers.base import Optimizer, PopulationEvaluator
 from copes.optimizers.table import get_optimizer, is_population
 from copes.train.settings import (
     TrainConfig,
@@ -103,11 +105,78 @@ def build_replica_policy(config: TrainConfig, model_path: str) -> Policy:
     return build_policy(replace(config, model=model_path))
 
 
-def build_optimizer(config: TrainConfig, overrides: dict[str, Any], policy: Policy) -> Optimizer:
+def build_evaluator(
+    config: TrainConfig,
+    opt_config: Any,
+    policy: Policy,
+    train_rollout: Any,
+    make_train_rollout: Callable[[], Any],
+    run_dir: str | Path,
+    served: tuple[Any, Any] | None = None,
+) -> PopulationEvaluator | None:
+    """Where an ES/CoPES run's members are evaluated, chosen once: sessions of the server
+    (`served` = (server, harness): --harness), one batch (--population-eval batched), W Ray
+    actors (--workers W, started on the first step), or None (one after another here).
+    None for GRPO, which has no population."""
+    if not is_population(config.optimizer):
+        return None
+    size, rank = opt_config.population_size, opt_config.perturbation_rank
+    if served is not None:
+        from copes.serve import ServedEvaluator
+
+        server, harness = served
+        return ServedEvaluator(server, harness, policy, train_rollout, size, rank=rank)
+    if config.population_eval == "batched":  # N weight copies: refused now if they do not fit
+        from copes.optimizers.batched import BatchedEvaluator
+
+        return BatchedEvaluator(policy, train_rollout, size, rank=rank)  # type: ignore[arg-type]
+    if config.workers:
+        return ray_population(config, opt_config, policy, make_train_rollout, run_dir)
+    return None
+
+
+def ray_population(
+    config: TrainConfig,
+    opt_config: Any,
+    policy: Policy,
+    make_train_rollout: Callable[[], Any],
+    run_dir: str | Path,
+) -> PopulationEvaluator:
+    """W Ray actors, each a replica of this run's policy and training rollout (no weights
+    sent: each builds its own from the model and replays the seed log)."""
+    from copes.agents.models import resolve_model_path
+    from copes.distributed import RayPopulation, ReplicaSpec
+
+    if config.backend == "vllm":  # one engine per actor, tensor parallel inside it
+        import torch
+
+        on_gpu = torch.cuda.is_available() and config.device != "cpu"
+        gpus = float(config.tensor_parallel_size) if on_gpu else 0.0
+    else:
+        gpus = 1.0 if policy.device.type == "cuda" else 0.0  # type: ignore[attr-defined]
+    spec = ReplicaSpec(
+        policy_factory=partial(build_replica_policy, config),
+        model_path=resolve_model_path(config.model),
+        rollout_factory=make_train_rollout,
+        optimizer_config=opt_config,
+        gpus_per_worker=gpus,
+    )
+    return RayPopulation(
+        spec, policy, config.workers, run_dir, config.ray_address, config.checksum_every
+    )
+
+
+def build_optimizer(
+    config: TrainConfig,
+    overrides: dict[str, Any],
+    policy: Policy,
+    evaluator: PopulationEvaluator | None = None,
+) -> Optimizer:
     """The optimizer named in `config` (`copes.optimizers.table`), its config built from
-    `overrides` (CLI flags); a flag it does not use is an error naming it."""
+    `overrides` (CLI flags; a flag it does not use is an error naming it), scoring its
+    population with `evaluator` (`build_evaluator`)."""
     spec = get_optimizer(config.optimizer)
-    return spec.build(optimizer_config(config, overrides), policy)
+    return spec.build(optimizer_config(config, overrides), policy, evaluator)
 
 
 def optimizer_config(config: TrainConfig, overrides: dict[str, Any]) -> Any:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -19,16 +18,16 @@ from typing import Any
 
 from copes.agents.policy import SamplingConfig
 from copes.errors import UserError
-from copes.optimizers.table import get_optimizer, is_population
+from copes.optimizers.table import get_optimizer
 from copes.run_log import (
     MetricsLog,
     append_jsonl,
     read_jsonl,
 )
 from copes.train.build import (
+    build_evaluator,
     build_optimizer,
     build_policy,
-    build_replica_policy,
     env_factory,
     load_tasks_for,
     lora_population,
@@ -73,13 +72,14 @@ class Trainer(RunFolder):
 
         torch.manual_seed(c.seed)
         self.policy = build_policy(c, lora_population(c, self.optimizer_overrides))
-        self.optimizer = build_optimizer(c, self.optimizer_overrides, self.policy)
         from copes.agents.chat import resolve_call_format
 
         self.call_format = resolve_call_format(c.call_format, self.policy.chat)
         make_env = env_factory(c, self.call_format)
-        samples = self.optimizer.samples_per_task
-        temperature = getattr(c, get_optimizer(c.optimizer).rollout_temperature)
+        spec = get_optimizer(c.optimizer)
+        opt_config = optimizer_config(c, self.optimizer_overrides)
+        samples = spec.samples_per_task(opt_config)
+        temperature = getattr(c, spec.rollout_temperature)
         sampling = SamplingConfig(c.max_new_tokens, temperature=temperature, top_p=c.top_p)
         make_train_rollout = partial(
             TaskRollout, make_env, train_tasks, c.batch_size, samples, sampling, c.seed,
@@ -94,28 +94,28 @@ class Trainer(RunFolder):
             make_env, eval_tasks, len(eval_tasks), c.eval_samples, eval_sampling, c.seed + 1,
             True, c.max_context,
         )  # fmt: skip
-        self.evaluator: Any = None
-        self.server: Any = None
-        if c.harness is not None:  # everything is served: members, GRPO groups, validation
-            self._serve(sampling, eval_tasks)
-        elif c.population_eval == "batched":  # N weight copies: refused now if they do not fit
-            from copes.optimizers.batched import BatchedEvaluator
+        # --harness: everything is served (members, GRPO groups, validation) by `server`.
+        self.server, harness = self._server_and_harness(sampling) if c.harness else (None, None)
+        served = None if self.server is None else (self.server, harness)
+        # Where the members are evaluated is chosen here, once, and given to the optimizer.
+        self.evaluator = build_evaluator(
+            c, opt_config, self.policy, self.train_rollout, make_train_rollout, self.run_dir,
+            served,
+        )  # fmt: skip
+        self.optimizer = build_optimizer(c, self.optimizer_overrides, self.policy, self.evaluator)
+        if self.server is not None:
+            from copes.serve import ServedRollout
 
-            opt_config = optimizer_config(c, self.optimizer_overrides)
-            evaluator = BatchedEvaluator(
-                self.policy, self.train_rollout, opt_config.population_size,  # type: ignore[arg-type]
-                rank=opt_config.perturbation_rank,
-            )  # fmt: skip
-            self.optimizer.use_evaluator(evaluator)  # type: ignore[attr-defined]
-            self.evaluator = evaluator
+            if self.evaluator is None:  # GRPO: its groups are sessions of the policy
+                self.train_rollout = ServedRollout(self.server, harness, self.train_rollout)
+            self.eval_rollout = ServedRollout(self.server, harness, self.eval_rollout, "validation")
         self.budget = Budget()
         self.log: MetricsLog | None = None  # opened by run()
-        self.population: Any = None  # --workers: RayPopulation, started by run()
 
-    def _serve(self, sampling: SamplingConfig, eval_tasks: Sequence[Any]) -> None:
-        """Rollouts through the OpenAI-compatible server (`copes.serve`): ES members as
-        sessions of one batched population, GRPO's groups and validation as the policy's."""
-        from copes.serve import HttpHarness, InProcessHarness, PolicyServer, ServedRollout
+    def _server_and_harness(self, sampling: SamplingConfig) -> tuple[Any, Any]:
+        """The OpenAI-compatible server over the policy (`copes.serve`) and the harness whose
+        clients play its sessions: over HTTP, copes' env loop, or the user's agent."""
+        from copes.serve import HttpHarness, InProcessHarness, PolicyServer
         from copes.serve.harness import EnvLoop, load_harness
 
         c = self.config
@@ -125,22 +125,11 @@ class Trainer(RunFolder):
             harness = InProcessHarness(EnvLoop(env_factory(c, self.call_format)))
         else:
             harness = InProcessHarness(load_harness(c.harness))  # type: ignore[arg-type]
-        self.server = PolicyServer(
+        server = PolicyServer(
             self.policy, sampling, self.call_format, c.api_key, c.step_timeout,
             max_context=c.max_context,
         )  # fmt: skip
-        if is_population(c.optimizer):
-            from copes.serve import ServedEvaluator
-
-            opt_config = optimizer_config(c, self.optimizer_overrides)
-            self.evaluator = ServedEvaluator(
-                self.server, harness, self.policy, self.train_rollout,
-                opt_config.population_size, rank=opt_config.perturbation_rank,
-            )  # fmt: skip
-            self.optimizer.use_evaluator(self.evaluator)  # type: ignore[attr-defined]
-        else:
-            self.train_rollout = ServedRollout(self.server, harness, self.train_rollout)
-        self.eval_rollout = ServedRollout(self.server, harness, self.eval_rollout, "validation")
+        return server, harness
 
     # ------------------------------------------------------------------ run
     def run(self) -> dict[str, Any]:
@@ -171,9 +160,6 @@ class Trainer(RunFolder):
             total=c.steps, initial=self.budget.steps, desc="training", disable=not c.progress
         )
         try:
-            if c.workers:  # ES/CoPES members on Ray actors (TrainConfig checks the optimizer)
-                self.population = self.start_population()
-                self.optimizer.use_evaluator(self.population)
             while not self.budget.exhausted(c):
                 step = self.budget.steps
                 stats = self.optimizer.step(self.policy, self.train_rollout, step)
@@ -204,14 +190,13 @@ class Trainer(RunFolder):
             self.log.close()
             self.train_rollout.close()
             self.eval_rollout.close()
-            if self.population is not None:
-                self.population.close()
             if self.server is not None:  # clients asking over HTTP hear that it is over
                 self.server.stop(linger=2.0 if self.config.harness == "http" else 0.0)
         return self.summary()
 
     def close(self) -> None:
-        """Release the policy's engine (vLLM processes and GPU memory), if it has one."""
+        """Release the evaluator (Ray actors, vLLM adapters) and the policy's engine (vLLM
+        processes and GPU memory), where they hold any."""
         if self.evaluator is not None:
             self.evaluator.close()
         self.policy.close()
@@ -268,29 +253,6 @@ class Trainer(RunFolder):
             return False
         latest = latest_checkpoint(self.run_dir)
         return latest is None or latest.name != f"step-{self.budget.steps:06d}"
-
-    def start_population(self) -> Any:
-        """W Ray actors, each a replica of this policy and training rollout (no weights sent)."""
-        from copes.agents.models import resolve_model_path
-        from copes.distributed import RayPopulation, ReplicaSpec
-
-        c = self.config
-        if c.backend == "vllm":  # one engine per actor, tensor parallel inside it
-            import torch
-
-            on_gpu = torch.cuda.is_available() and c.device != "cpu"
-            gpus = float(c.tensor_parallel_size) if on_gpu else 0.0
-        else:
-            gpus = 1.0 if self.policy.device.type == "cuda" else 0.0
-        spec = ReplicaSpec(
-            policy_factory=partial(build_replica_policy, c),
-            model_path=resolve_model_path(c.model),
-            rollout_factory=self._make_train_rollout,
-            optimizer_state=self.optimizer.state_dict(),
-            gpus_per_worker=gpus,
-        )
-        population = RayPopulation(spec, c.workers, self.run_dir, c.ray_address, c.checksum_every)
-        return population.attach(self.policy)
 
     def _train_record(self, stats: Any) -> dict[str, Any]:
         return {

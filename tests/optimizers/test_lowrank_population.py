@@ -99,9 +99,8 @@ def test_low_rank_batched_step_equals_sequential_in_float64(tiny_policy_64, temp
     )  # fmt: skip
     start = {k: v.clone() for k, v in policy.weights().master_state().items()}
     try:
-        sequential, batched = CoPES(config), CoPES(config)
-        sequential.use_evaluator(LocalEvaluator(policy, rollout))
-        batched.use_evaluator(BatchedEvaluator(policy, rollout, 4, rank=2))
+        sequential = CoPES(config, LocalEvaluator(policy, rollout))
+        batched = CoPES(config, BatchedEvaluator(policy, rollout, 4, rank=2))
         members = sequential.ask(0)
         seq = sequential.evaluator.evaluate(0, members)
         bat = batched.evaluator.evaluate(0, members)

@@ -139,8 +139,10 @@ def test_a_step_missing_rewards_fails_whole_and_updates_nothing(tiny_policy, mak
     rollout, _ = make_task_rollout(tasks=2)
     server = PolicyServer(tiny_policy, rollout.sampling, step_timeout=1.5)
     server.start()
-    optimizer = CoPES(CoPESConfig(population_size=2, num_subspaces=1, sigma=0.05))
-    optimizer.use_evaluator(ServedEvaluator(server, HttpHarness(), tiny_policy, rollout, 2))
+    optimizer = CoPES(
+        CoPESConfig(population_size=2, num_subspaces=1, sigma=0.05),
+        ServedEvaluator(server, HttpHarness(), tiny_policy, rollout, 2),
+    )
     before = tiny_policy.weights().checksum()
     try:
         with pytest.raises(StepFailed, match=r"4 of 4 sessions posted no reward within 1.5 s"):
