@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from copes.envs.core import EpisodeRules
 from copes.envs.tasks.base import Task, TaskKind
 
 logger = logging.getLogger(__name__)
@@ -33,6 +34,40 @@ logger = logging.getLogger(__name__)
 ENTRY_POINT_GROUP = "copes.benchmarks"
 DEFAULT_ENVS: dict[str, str] = {"math": "ToolMath-v0", "qa": "ToolQA-v0"}
 REASONING_GYM_PREFIX = "rg:"
+# Env arguments a run sets with its own flags (copes-train and copes-eval alike), never
+# through --env-kwargs: the flag that sets each.
+RUN_ENV_KWARGS = {
+    "tasks": "--benchmark(s) and --split", "max_turns": "--max-turns",
+    "invalid_penalty": "--invalid-penalty", "call_format": "--call-format",
+    "demonstrations": "--demonstrations",
+}  # fmt: skip
+# How an env grades: copes-eval grades with each benchmark's registered grader, so that
+# --rescore re-grades the same way.
+GRADING_KWARGS = ("grader", "grader_timeout", "qa_rule", "reward_metric")
+
+
+def parse_env_kwargs(text: str | None, *, grading: bool = True) -> dict[str, Any]:
+    """`--env-kwargs`: a JSON object of env arguments (e.g. ``{"corpus_index": ...}``) for
+    every env a run builds. Arguments the run sets with its own flags are refused naming the
+    flag; with `grading` False (copes-eval) so are the grading arguments."""
+    from copes.errors import json_object_flag
+
+    kwargs = json_object_flag("--env-kwargs", text, '{"corpus_index": "indexes/wiki18"}')
+    taken = sorted(set(kwargs) & set(RUN_ENV_KWARGS))
+    if taken:
+        flags = ", ".join(f"{name}: {RUN_ENV_KWARGS[name]}" for name in taken)
+        raise ValueError(
+            f"--env-kwargs sets {', '.join(taken)}, which the run sets with its own flags "
+            f"({flags}); use those"
+        )
+    graders = sorted(set(kwargs) & set(GRADING_KWARGS))
+    if graders and not grading:
+        raise ValueError(
+            f"--env-kwargs sets {', '.join(graders)}: copes-eval grades with each benchmark's "
+            "registered grader, so that --rescore re-grades the same way; register a benchmark "
+            "with that grader instead (docs/evaluation.md)"
+        )
+    return kwargs
 
 
 @dataclass(frozen=True)
@@ -99,6 +134,10 @@ class Benchmark:
         split = self.split if split is None else split
         if limit is not None and limit < 0:
             raise ValueError(f"limit must be None or >= 0, got {limit}")
+        if self.generated:  # nothing to read: a data folder does not apply, the seed does
+            data_dir = None
+        else:
+            seed = None
         items = self._items(split, limit, data_dir, source, seed)
         tasks = as_tasks(
             items, kind=self.kind, columns=self.columns, source=self.name, split=split,
@@ -151,21 +190,46 @@ class Benchmark:
             )
         return tasks
 
-    def make_env(self, tasks: Iterable[Task], **kwargs: Any) -> Any:
-        """A fresh env over `tasks` (``gym.make(self.env_id, tasks=...)``); `kwargs` override
-        the benchmark's `env_kwargs`. Pick a task per episode with
+    def make_env(
+        self,
+        tasks: Iterable[Task],
+        *,
+        env_id: str | None = None,
+        rules: EpisodeRules | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """A fresh env over `tasks` (``gym.make(env_id, tasks=...)``, by default the
+        benchmark's env); `kwargs` override the benchmark's `env_kwargs`. The one place every
+        run (copes-train, copes-eval, copes-serve, the integrations) builds its envs.
+
+        `rules` (turn limit, invalid penalty, tool-output cut) are set on the env after it
+        is built, so any `ToolEnv` honours them whatever its factory takes; an env that is
+        not a `ToolEnv` cannot and is refused. Pick a task per episode with
         ``reset(options={"task": task})``."""
         import gymnasium as gym
 
         import copes  # noqa: F401  (registers the copes env ids)
+        from copes.envs.core import ToolEnv
 
+        env_id = env_id or self.env_id
         options = {**self.env_kwargs, **kwargs}
         if self.grader is not None:
             options.setdefault("grader", self.grader)
         try:
-            return gym.make(self.env_id, tasks=list(tasks), disable_env_checker=True, **options)
+            env = gym.make(env_id, tasks=list(tasks), disable_env_checker=True, **options)
         except gym.error.Error as exc:
-            raise ValueError(f"benchmark {self.name!r}: env {self.env_id!r}: {exc}") from None
+            raise ValueError(f"benchmark {self.name!r}: env {env_id!r}: {exc}") from None
+        if rules is not None:
+            if not isinstance(env.unwrapped, ToolEnv):
+                env.close()
+                raise ValueError(
+                    f"env {env_id} makes a {type(env.unwrapped).__name__}, not a copes ToolEnv, "
+                    "so it cannot take a run's episode rules (turn limit, invalid penalty) or "
+                    "its text turns: build it with copes.envs.ToolEnv or a preset "
+                    "(tool_math_env(extra_tools=[...]))"
+                )
+            env.unwrapped.set_rules(rules)
+        return env
 
     def make_grader(self, tasks: Sequence[Task] = ()) -> Any:
         """The grader the benchmark's env grades `tasks` with (answer checks included, the QA

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar, TypedDict
 
 import gymnasium as gym
@@ -51,6 +52,32 @@ class StepInfo(TypedDict, total=False):
     grade_seconds: float
     correct: bool
     end_reason: str  # answer or max_turns
+
+
+@dataclass(frozen=True)
+class EpisodeRules:
+    """The rules a trainer or an evaluator sets for every episode, whatever `ToolEnv` (a
+    plugin's included) runs it: the turn limit, the reward of a turn with no valid action
+    (negated), the longest tool output kept. None leaves the env's own value.
+
+    Set with `ToolEnv.set_rules` after the env is built (`Benchmark.make_env(rules=...)`),
+    so a run never has to learn which constructor arguments an env factory takes."""
+
+    max_turns: int | None = None
+    invalid_penalty: float | None = None
+    max_tool_output_chars: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_turns is not None and self.max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
+        if self.invalid_penalty is not None and self.invalid_penalty < 0:
+            raise ValueError(
+                f"invalid_penalty is the reward taken off (>= 0), got {self.invalid_penalty}"
+            )
+        if self.max_tool_output_chars is not None and self.max_tool_output_chars < 1:
+            raise ValueError(
+                f"max_tool_output_chars must be >= 1, got {self.max_tool_output_chars}"
+            )
 
 
 class UnicodeText(gym.spaces.Space[str]):
@@ -161,8 +188,7 @@ class ToolEnv(gym.Env[str, str]):
     ) -> None:
         if not tasks:
             raise ValueError("ToolEnv needs at least one task")
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        self.rules = EpisodeRules(max_turns, invalid_penalty, max_tool_output_chars)
         tools = [as_tool(t) for t in tools]  # plain and async functions become tools
         names = [t.name for t in tools]
         if len(set(names)) != len(names):
@@ -181,10 +207,7 @@ class ToolEnv(gym.Env[str, str]):
         self.tools: dict[str, Tool] = {t.name: t for t in tools}
         self._schemas = [tool_schema(t) for t in tools]
         self.grader = with_checks(grader)  # each task's answer checks, whatever the grader
-        self.max_turns = max_turns
         self.call_format = call_format
-        self.invalid_penalty = invalid_penalty
-        self.max_tool_output_chars = max_tool_output_chars
         self.system_prompt = system_prompt
         self.instructions = instructions
         self.demonstration_messages = [dict(m) for m in demonstration_messages]
@@ -202,6 +225,25 @@ class ToolEnv(gym.Env[str, str]):
         self._turn = 0
         self._tool_calls = 0
         self._done = True
+
+    # ------------------------------------------------------------------ episode rules
+    def set_rules(self, rules: EpisodeRules) -> None:
+        """Take `rules`' values that are set (None: keep this env's); from the next episode."""
+        changes = {f.name: v for f in fields(rules) if (v := getattr(rules, f.name)) is not None}
+        self.rules = replace(self.rules, **changes)
+
+    # An env's own rules always hold every value (the constructor sets them all).
+    @property
+    def max_turns(self) -> int:
+        return int(self.rules.max_turns or 0)
+
+    @property
+    def invalid_penalty(self) -> float:
+        return float(self.rules.invalid_penalty or 0.0)
+
+    @property
+    def max_tool_output_chars(self) -> int:
+        return int(self.rules.max_tool_output_chars or 0)
 
     # ------------------------------------------------------------------ public helpers
     @property

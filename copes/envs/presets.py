@@ -29,14 +29,12 @@ def load_tasks(
     limit: int | None = None,
     task_seed: int = 0,
 ) -> list[Task]:
-    """Tasks of a registered benchmark (`copes.registry`), as envs and training use them."""
+    """Tasks of a registered benchmark (`copes.registry`, `Benchmark.load_tasks`)."""
     from copes.registry import get_benchmark
 
-    spec = get_benchmark(benchmark)
-    return spec.load_tasks(
-        split=split, limit=limit, data_dir=None if spec.generated else data_dir, source=source,
-        seed=task_seed if spec.generated else None,
-    )  # fmt: skip
+    return get_benchmark(benchmark).load_tasks(
+        split=split, limit=limit, data_dir=data_dir, source=source, seed=task_seed
+    )
 
 
 def _resolve_tasks(

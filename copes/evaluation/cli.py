@@ -151,40 +151,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def parse_eval_env_kwargs(text: str | None) -> dict[str, Any]:
-    """`--env-kwargs`: a JSON object of env arguments copes-eval does not set itself."""
-    from copes.errors import json_object_flag
-
-    kwargs = json_object_flag("--env-kwargs", text, '{"corpus_index": "indexes/wiki18"}')
-    taken = sorted(set(kwargs) & {"tasks", "max_turns", "call_format"})
-    if taken:
-        raise ValueError(
-            f"--env-kwargs sets {', '.join(taken)}, which copes-eval sets itself; use "
-            "--benchmarks, --max-turns and --call-format"
-        )
-    grading = sorted(set(kwargs) & {"grader", "grader_timeout", "qa_rule", "reward_metric"})
-    if grading:
-        raise ValueError(
-            f"--env-kwargs sets {', '.join(grading)}: copes-eval grades with each benchmark's "
-            "registered grader, so that --rescore re-grades the same way; register a benchmark "
-            "with that grader instead (docs/evaluation.md)"
-        )
-    return kwargs
-
-
 def check_envs(benchmarks: Sequence[Any], args: argparse.Namespace) -> None:
     """Load each benchmark's first task and build its env on it, so a missing file, a wrong
     --split, a wrong --env-kwargs (an index folder that is not one, an unknown argument) or
     an open-domain QA file without a retriever fails before a model is loaded."""
-    env_kwargs = parse_eval_env_kwargs(args.env_kwargs)
+    from copes.envs.core import EpisodeRules
+    from copes.registry import parse_env_kwargs
+
+    env_kwargs = parse_env_kwargs(args.env_kwargs, grading=False)
     if args.demonstrations:
         env_kwargs["demonstrations"] = args.demonstrations
+    rules = EpisodeRules(max_turns=args.max_turns)
     for benchmark in benchmarks:
         tasks = benchmark.load_tasks(split=args.split, data_dir=args.data_dir, limit=1)
         if not tasks:
             raise ValueError(f"benchmark {benchmark.name!r} split {args.split!r} has no tasks")
         try:
-            env = benchmark.make_env(tasks, max_turns=args.max_turns, **env_kwargs)
+            env = benchmark.make_env(tasks, rules=rules, **env_kwargs)
         except TypeError as exc:
             flags = " and ".join(
                 f for f, on in (("--env-kwargs", args.env_kwargs), ("--demonstrations",
@@ -203,6 +186,7 @@ def _evaluate_one(model: str, out: Path, args: argparse.Namespace, sampling: Any
     from copes.agents.chat import template_kwargs_for
     from copes.agents.loading import load_policy
     from copes.evaluation.runner import evaluate
+    from copes.registry import parse_env_kwargs
 
     policy = load_policy(
         model, backend=args.backend, device=args.device, dtype=args.dtype,
@@ -227,7 +211,7 @@ def _evaluate_one(model: str, out: Path, args: argparse.Namespace, sampling: Any
             model_name=model,
             call_format=args.call_format,
             regenerate_changed=args.regenerate_changed,
-            env_kwargs=parse_eval_env_kwargs(args.env_kwargs),
+            env_kwargs=parse_env_kwargs(args.env_kwargs, grading=False),
             split=args.split,
             demonstrations=args.demonstrations,
         )

@@ -28,6 +28,7 @@ from typing import Any
 
 from copes.agents.policy import Policy, SamplingConfig
 from copes.agents.rollout import rollout
+from copes.envs.core import EpisodeRules
 from copes.envs.tasks.base import Task, task_digest
 from copes.evaluation.passk import majority_at_n, mean_at_n, pass_at_k
 from copes.evaluation.report import BenchmarkResult, Report
@@ -315,10 +316,9 @@ def evaluate(
                 continue
             bar.set_postfix_str(benchmark.name)
             size = max(len(batch) for _, batch in todo)
+            rules = EpisodeRules(max_turns=max_turns)
             envs = [
-                benchmark.make_env(
-                    tasks, max_turns=max_turns, call_format=call_format, **env_kwargs
-                )
+                benchmark.make_env(tasks, rules=rules, call_format=call_format, **env_kwargs)
                 for _ in range(size)
             ]
             try:
@@ -371,7 +371,8 @@ def _demonstration_digest(
     """The digest of the worked examples `benchmark`'s env plays before every task."""
     from copes.envs.demonstrations import transcript_digest
 
-    env = benchmark.make_env(tasks[:1], max_turns=max_turns, call_format=call_format, **env_kwargs)
+    rules = EpisodeRules(max_turns=max_turns)
+    env = benchmark.make_env(tasks[:1], rules=rules, call_format=call_format, **env_kwargs)
     try:
         return transcript_digest(env.unwrapped.demonstration_messages)
     finally:

@@ -66,6 +66,7 @@ class CopesTaskData(vf.TaskData):
     """One copes task and the env that runs it (`prompt` is the question, for display)."""
 
     copes_task: dict[str, Any]
+    benchmark: str = "synthetic-math"  # whose env (`Benchmark.make_env`) runs the task
     env_id: str = "ToolMath-v0"
     env_kwargs: dict[str, Any] = Field(default_factory=dict)
 
@@ -93,17 +94,17 @@ class CopesTaskset(vf.Taskset[CopesTask, CopesTasksetConfig]):
     """`limit` tasks of a copes benchmark's split (`copes.registry`)."""
 
     def load(self):  # type: ignore[override]
-        from copes.envs.presets import load_tasks
         from copes.registry import get_benchmark
 
         c = self.config
         benchmark = get_benchmark(c.benchmark)
         env_id = c.env or benchmark.env_id
         env_kwargs = {**benchmark.env_kwargs, **c.env_kwargs}
-        for task in load_tasks(c.benchmark, c.split, limit=c.limit, task_seed=c.task_seed):
+        tasks = benchmark.load_tasks(split=c.split, limit=c.limit, seed=c.task_seed)
+        for task in tasks:
             data = CopesTaskData(
-                prompt=task.question, copes_task=task_to_dict(task), env_id=env_id,
-                env_kwargs=env_kwargs,
+                prompt=task.question, copes_task=task_to_dict(task), benchmark=benchmark.name,
+                env_id=env_id, env_kwargs=env_kwargs,
             )  # fmt: skip
             yield CopesTask(data, c.task)
 
@@ -116,11 +117,13 @@ class CopesHarness(vf.Harness[vf.HarnessConfig]):
     EXECUTES_CODE = False  # code runs in copes' sandbox, not in verifiers' runtime
 
     async def launch(self, ctx, trace, runtime, endpoint, secret, mcp_urls, data):  # type: ignore[override]
-        import gymnasium as gym
         from openai import AsyncOpenAI
 
+        from copes.registry import get_benchmark
+
         task = task_from_dict(data.copes_task)
-        env = gym.make(data.env_id, tasks=[task], disable_env_checker=True, **data.env_kwargs)
+        benchmark = get_benchmark(data.benchmark)  # its grader too, as every run grades
+        env = benchmark.make_env([task], env_id=data.env_id, **data.env_kwargs)
         total = 0.0
         try:
             _, info = env.reset(options={"task": task})

@@ -15,21 +15,20 @@ from copes.optimizers.base import Optimizer, PopulationEvaluator
 from copes.optimizers.table import get_optimizer, is_population
 from copes.train.settings import (
     TrainConfig,
-    parse_env_kwargs,
 )
 
 
 def load_tasks_for(
     config: TrainConfig, split: str, limit: int, task_seed: int | None = None
 ) -> list[Any]:
-    """`limit` tasks of `split`; generated benchmarks draw them with `task_seed` (default:
-    the run's seed)."""
-    from copes.envs.presets import load_tasks
+    """`limit` tasks of `split` (`Benchmark.load_tasks`); generated benchmarks draw them with
+    `task_seed` (default: the run's seed)."""
+    from copes.registry import get_benchmark
 
     assert config.benchmark is not None  # resolved by TrainConfig
     seed = config.seed if task_seed is None else task_seed
-    tasks = load_tasks(
-        config.benchmark, split, data_dir=config.data_dir, limit=limit, task_seed=seed
+    tasks = get_benchmark(config.benchmark).load_tasks(
+        split=split, limit=limit, data_dir=config.data_dir, seed=seed
     )
     if not tasks:
         raise ValueError(f"benchmark {config.benchmark!r} split {split!r} has no tasks")
@@ -37,47 +36,36 @@ def load_tasks_for(
 
 
 def env_factory(config: TrainConfig, call_format: str = "tags") -> Callable[[], Any]:
-    """Builds the run's environments (`gym.make` of --env with the benchmark's env kwargs,
-    its grader and --env-kwargs); `call_format` is resolved (`resolve_call_format`)."""
-    import gymnasium as gym
-
-    from copes.envs.core import ToolEnv
-    from copes.registry import get_benchmark
+    """Builds the run's environments: --env (default: the benchmark's) by
+    `Benchmark.make_env`, with the benchmark's env kwargs and grader, --env-kwargs and
+    --demonstrations, and the run's episode rules set on each; `call_format` is resolved
+    (`resolve_call_format`). One env is built now, so a factory that refuses what the run
+    gives it fails before the model loads."""
+    from copes.envs.core import EpisodeRules
+    from copes.registry import get_benchmark, parse_env_kwargs
 
     assert config.env is not None and config.benchmark is not None  # resolved by TrainConfig
     benchmark = get_benchmark(config.benchmark)
-    kwargs = dict(benchmark.env_kwargs)
-    if benchmark.grader is not None:
-        kwargs["grader"] = benchmark.grader
-    kwargs.update(parse_env_kwargs(config.env_kwargs))
+    kwargs = parse_env_kwargs(config.env_kwargs)
     if config.demonstrations:  # only then: an env without the option still runs without it
         kwargs["demonstrations"] = config.demonstrations
+    rules = EpisodeRules(max_turns=config.max_turns, invalid_penalty=config.invalid_penalty)
     placeholder = load_tasks_for(config, config.train_split, 1)
 
     def make() -> Any:
-        return gym.make(
-            config.env, tasks=placeholder, max_turns=config.max_turns,
-            invalid_penalty=config.invalid_penalty, call_format=call_format,
-            disable_env_checker=True, **kwargs,
-        )  # fmt: skip
+        return benchmark.make_env(
+            placeholder, env_id=config.env, rules=rules, call_format=call_format, **kwargs
+        )
 
     try:
-        probe = make()
+        make().close()
     except TypeError as exc:
         reason = str(exc).split(" with kwargs")[0][:160]
+        given = ", ".join(["tasks=", "call_format=", *(f"{k}=" for k in kwargs)])
         raise UserError(
-            f"--env {config.env} is not a copes ToolEnv factory: it refused tasks=, max_turns=, "
-            f"invalid_penalty=, call_format={', demonstrations=' if config.demonstrations else ''}"
-            f" or --env-kwargs ({reason})"
+            f"--env {config.env} is not a copes ToolEnv factory: it refused what the run gives "
+            f"it ({given}): {reason}"
         ) from None
-    if not isinstance(probe.unwrapped, ToolEnv):
-        probe.close()
-        raise UserError(
-            f"--env {config.env} makes a {type(probe.unwrapped).__name__}, not a copes ToolEnv; "
-            "copes-train needs ToolEnv's text turns and reset(options={'task': ...}): build "
-            "your env with copes.envs.ToolEnv or a preset (tool_math_env(extra_tools=[...]))"
-        )
-    probe.close()
     return make
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from copes.errors import json_object_flag
 from copes.optimizers.base import flag
 from copes.optimizers.table import OPTIMIZERS as OPTIMIZER_TABLE
 from copes.optimizers.table import get_optimizer, is_population
@@ -26,8 +25,6 @@ RESUMABLE_CHANGES = frozenset(
 # Each preset env's tasks when no --benchmark is given (other envs: a benchmark registered
 # with that env, `default_benchmark`).
 DEFAULT_BENCHMARKS = {"ToolMath-v0": "synthetic-math", "ToolQA-v0": "synthetic-qa"}
-# What the trainer itself passes to every env factory, so --env-kwargs may not set it.
-TRAINER_ENV_KWARGS = ("tasks", "max_turns", "invalid_penalty", "call_format", "demonstrations")
 
 
 @dataclass
@@ -250,6 +247,8 @@ class TrainConfig:
             self.train_split = benchmark.train_split
         if self.eval_split is None:
             self.eval_split = benchmark.eval_split
+        from copes.registry import parse_env_kwargs
+
         parse_env_kwargs(self.env_kwargs)
 
 
@@ -297,19 +296,6 @@ def default_benchmark(env_id: str) -> str:
         f"--env {env_id} has no default tasks ({len(mine)} benchmarks are registered for it"
         f"{': ' + ', '.join(mine) if mine else ''}); pass --benchmark NAME"
     )
-
-
-def parse_env_kwargs(text: str | None) -> dict[str, Any]:
-    """`--env-kwargs`: a JSON object of env arguments the trainer does not set itself."""
-    kwargs = json_object_flag("--env-kwargs", text, '{"max_action_chars": 4000}')
-    taken = sorted(set(kwargs) & set(TRAINER_ENV_KWARGS))
-    if taken:
-        raise ValueError(
-            f"--env-kwargs sets {', '.join(taken)}, which the trainer sets itself; use "
-            "--benchmark for tasks and --max-turns, --invalid-penalty, --call-format, "
-            "--demonstrations"
-        )
-    return kwargs
 
 
 @dataclass

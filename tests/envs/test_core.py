@@ -164,3 +164,39 @@ def test_reset_options_that_are_not_a_dict_are_refused_clearly(options):
             env.reset(options=options)
     finally:
         env.close()
+
+
+def test_episode_rules_apply_to_any_toolenv_after_it_is_built() -> None:
+    """A plugin's factory that takes only tasks and call_format still runs a run's turn
+    limit and invalid penalty (`Benchmark.make_env(rules=...)`); a non-ToolEnv is refused."""
+    import gymnasium as gym
+
+    from copes.envs.core import EpisodeRules, ToolEnv
+    from copes.envs.rewards.graders import MathGrader
+    from copes.envs.tasks.base import Task
+    from copes.registry import Benchmark
+
+    def narrow_factory(tasks, call_format="tags", grader=None):  # no max_turns, no penalty
+        return ToolEnv(tasks, [], MathGrader(), call_format=call_format)
+
+    if "copes_test/Narrow-v0" not in gym.registry:
+        gym.register(id="copes_test/Narrow-v0", entry_point=narrow_factory)
+    task = Task("t", "1 + 1?", ("2",), "math")
+    benchmark = Benchmark("narrow-test", [task], env="copes_test/Narrow-v0", split="test")
+    env = benchmark.make_env([task], rules=EpisodeRules(max_turns=2, invalid_penalty=0.3))
+    assert (env.unwrapped.max_turns, env.unwrapped.invalid_penalty) == (2, 0.3)
+    assert env.unwrapped.max_tool_output_chars == 4000  # not set: the env's own
+    env.reset(options={"task": task})
+    _, reward, terminated, truncated, info = env.step("no action here")
+    assert (reward, terminated, truncated) == (-0.3, False, False)
+    _, reward, terminated, truncated, info = env.step("still none")
+    assert (reward, truncated, info["end_reason"]) == (-0.3, True, "max_turns")
+    with pytest.raises(ValueError, match="max_turns must be >= 1"):
+        EpisodeRules(max_turns=0)
+    from gymnasium.envs.classic_control import CartPoleEnv
+
+    if "copes_test/NotTool-v0" not in gym.registry:
+        gym.register(id="copes_test/NotTool-v0", entry_point=lambda tasks: CartPoleEnv())
+    other = Benchmark("not-tool-test", [task], env="copes_test/NotTool-v0", split="test")
+    with pytest.raises(ValueError, match="makes a CartPoleEnv, not a copes ToolEnv"):
+        other.make_env([task], rules=EpisodeRules(max_turns=2))
