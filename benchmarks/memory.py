@@ -19,7 +19,7 @@ MALLOC_MMAP_THRESHOLD_=65536 in the children, so large tensors are returned to t
 freed and RSS tracks what the optimizer really holds; `--malloc default` measures what an
 unconfigured process sees.
 
-Theory: `copes.optimizers.memory` for a Qwen3-4B-sized model (the stand-in for the paper's
+Theory: `copes.memory` for a Qwen3-4B-sized model (the stand-in for the paper's
 Qwen3.5-4B; bf16, batch 1, 8K-128K context) set against the paper's claim that CoPES needs
 under 1/8 of full-parameter GRPO's GPU memory.
 
@@ -187,7 +187,7 @@ def run_child(args: argparse.Namespace, optimizer: str, length: int) -> dict[str
 
 
 def theory(seq_lens: list[int]) -> dict[str, Any]:
-    from copes.optimizers.memory import GIB, QWEN3_4B, format_memory_table, memory_table
+    from copes.memory import GIB, QWEN3_4B, format_memory_table, memory_table
 
     variants = {
         "batch 1": {},

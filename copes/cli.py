@@ -205,7 +205,7 @@ def dry_run(config: Any, optimizer_overrides: dict[str, Any]) -> dict[str, Any]:
     the model built on the meta device (no weights read, nothing allocated).
     """
     from copes.agents.models import model_config
-    from copes.optimizers.memory import ModelShape, compare_optimizers
+    from copes.memory import ModelShape, compare_optimizers
     from copes.train import public_settings
 
     if config.model == "tiny":  # its shape, without building it (a few minutes)
@@ -218,7 +218,7 @@ def dry_run(config: Any, optimizer_overrides: dict[str, Any]) -> dict[str, Any]:
     seq_len = config.max_context or config.max_turns * config.max_new_tokens + 512
     estimates = compare_optimizers(shape, seq_len, generation_batch_size=config.batch_size)
     if config.population_eval == "batched":  # the run's own optimizer, N copies in one batch
-        from copes.optimizers.memory import estimate_memory
+        from copes.memory import estimate_memory
         from copes.train import lora_population, optimizer_config
 
         lora_population(config, optimizer_overrides)  # refused as the run would refuse it

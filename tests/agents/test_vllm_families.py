@@ -45,7 +45,7 @@ def start(folder, family, *, in_process=True, **kwargs):
     """An engine in this process (vLLM's in-process engine core and worker): these tests
     check weights and tokens, not the transport, and the two process starts of a default
     engine were most of each start (measured: 22 s -> 8 s). The CLI test below and
-    tests/test_train_vllm.py start theirs in vLLM's processes, as production does. `stop`
+    tests/train/test_loop_vllm.py start theirs in vLLM's processes, as production does. `stop`
     resets what an in-process engine leaves behind (its distributed groups). The MoE
     refusals start in vLLM's processes: after a dense engine in this one, vLLM's MoE layer
     finds no expert-parallel group and fails before the map check."""
@@ -265,7 +265,7 @@ def model_flags(family_dir, name):
 # Each CLI run starts its own engine (~25 s on 2 cores, and CI has a 30-minute budget): the
 # CLIs run on Qwen3 (native JSON calls after reasoning); every family's engine, episode and
 # noise are covered above, and the CLIs' path does not depend on the family. The low-rank
-# family batched as LoRA adapters, stopped and resumed, is tests/test_train_vllm.py's run.
+# family batched as LoRA adapters, stopped and resumed, is tests/train/test_loop_vllm.py's run.
 @pytest.mark.parametrize("name", ["qwen3"])
 def test_copes_train_and_eval_on_vllm(family_dir, data_dir, tmp_path, name):
     from copes.cli import train_main
@@ -279,7 +279,7 @@ def test_copes_train_and_eval_on_vllm(family_dir, data_dir, tmp_path, name):
         "--no-tensorboard", "--no-progress",
     ]  # fmt: skip
     # GRPO on a family's engine: test_a_copes_step_a_grpo_step_and_an_evaluation_on_the_engine
-    # (in process); GRPO through the Trainer on vLLM: tests/test_train_vllm.py.
+    # (in process); GRPO through the Trainer on vLLM: tests/train/test_loop_vllm.py.
     optimizers = {
         "copes": ["--population-size", "2", "--num-subspaces", "2", "--sigma", "1e-4"],
     }

@@ -73,7 +73,7 @@ def test_members_served_as_lora_adapters_equal_the_same_members_perturbed_in_pla
     """Sampled, each member on its own tasks and draws: every episode's tokens and every
     member's reward equal sequential evaluation's, because each row samples with its member's
     own per-turn seed. (Greedy, through copes-train against the transformers backend:
-    tests/test_train_vllm.py.)"""
+    tests/train/test_loop_vllm.py.)"""
     members = members_of_step()
     rollout = math_rollout(temperature=1.0, same_batch=False)
     try:

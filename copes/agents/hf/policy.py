@@ -31,7 +31,7 @@ _DTYPES = {
     "float16": torch.float16,
     "fp16": torch.float16,
     # CPU runs that must agree across machines: float64 results differ between CPU kernels
-    # only far below any greedy decision (tests/test_pinned_runs.py).
+    # only far below any greedy decision (tests/train/test_pinned_runs.py).
     "float64": torch.float64,
     "fp64": torch.float64,
 }

@@ -30,7 +30,7 @@ from safetensors.torch import load_file
 from copes.agents.tiny import machine_info
 from copes.cli import train_main
 
-PINS = Path(__file__).parent / "fixtures" / "pinned_runs.json"
+PINS = Path(__file__).parents[1] / "fixtures" / "pinned_runs.json"
 COMMON = [
     "--batch-size", "4", "--max-new-tokens", "32", "--max-turns", "3", "--eval-tasks", "4",
     "--eval-every", "1", "--num-train-tasks", "32", "--steps", "2", "--seed", "3",

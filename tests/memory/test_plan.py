@@ -10,19 +10,9 @@ import torch
 import transformers
 
 from copes.errors import UserError
-from copes.optimizers.memory import (
-    FULL,
-    LINEAR,
+from copes.memory.plan import (
     OPTIMIZERS,
-    QWEN3_4B,
-    SLIDING,
-    Experts,
-    GatedDeltaNet,
     MemoryEstimate,
-    ModelShape,
-    _count_parameters,
-    _llama_lora_in_plus_out,
-    _llama_rows_plus_cols,
     estimate_memory,
     kv_cache_bytes,
     layer_activation_bytes,
@@ -31,6 +21,18 @@ from copes.optimizers.memory import (
     main,
     matrix_rows_and_cols,
     memory_table,
+)
+from copes.memory.shapes import (
+    FULL,
+    LINEAR,
+    QWEN3_4B,
+    SLIDING,
+    Experts,
+    GatedDeltaNet,
+    ModelShape,
+    _count_parameters,
+    llama_lora_in_plus_out,
+    llama_rows_plus_cols,
 )
 
 # h=8, i=16, 2 heads x 4 (q = 8), 1 KV head (kv = 4), 2 layers, vocab 32
@@ -225,8 +227,8 @@ def test_from_config_counts_the_parameters_of_the_built_model(config_cls, extra)
         mlp_bias=bool(getattr(config, "mlp_bias", False)),
     )
     assert closed == shape.num_parameters
-    assert shape.rows_plus_cols == _llama_rows_plus_cols(shape)
-    assert shape.lora_in_plus_out == _llama_lora_in_plus_out(shape)
+    assert shape.rows_plus_cols == llama_rows_plus_cols(shape)
+    assert shape.lora_in_plus_out == llama_lora_in_plus_out(shape)
     assert shape.layer_types == () and shape.experts is None
     assert shape.active_parameters == shape.num_parameters
 
