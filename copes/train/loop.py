@@ -33,7 +33,7 @@ from copes.train.build import (
     lora_population,
     optimizer_config,
 )
-from copes.train.resume import RunFolder
+from copes.train.resume import RunFolder, check_fresh_run_dir
 from copes.train.settings import Budget, TrainConfig, public_settings
 from copes.train.task_rollout import TaskRollout
 
@@ -41,7 +41,7 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class Trainer(RunFolder):
+class Trainer:
     config: TrainConfig
     optimizer_overrides: dict[str, Any] = field(default_factory=dict)
 
@@ -52,7 +52,7 @@ class Trainer(RunFolder):
 
         check_device(c.device)
         if not c.resume:  # refuse before anything is built or loaded
-            self._check_fresh_run_dir()
+            check_fresh_run_dir(self.run_dir)
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -103,6 +103,7 @@ class Trainer(RunFolder):
             served,
         )  # fmt: skip
         self.optimizer = build_optimizer(c, self.optimizer_overrides, self.policy, self.evaluator)
+        self.folder = RunFolder(self.run_dir, c, self.optimizer, self.demonstration_messages)
         if self.server is not None:
             from copes.serve import ServedRollout
 
@@ -138,16 +139,14 @@ class Trainer(RunFolder):
         c = self.config
         # Accept the run before writing anything into its folder (a fresh run's folder was
         # checked, and created, before the model was loaded).
-        if c.resume:
-            self._check_resume_settings()
-        self._write_run_config()
+        self.folder.accept()
         from copes.reporting import parse_report_to
 
         reporters = [r for r in parse_report_to(c.report_to) if c.tensorboard or r != "tensorboard"]
         self.log = MetricsLog(self.run_dir, reporters, config=public_settings(self.config),
                               project="copes-train")  # fmt: skip
         if c.resume:
-            self._resume()
+            self.budget = self.folder.resume(self.policy, self.log)
         if self.server is not None:  # the run is accepted: serve it
             self.server.policy_version = self.budget.steps
             url = self.server.start(c.host, c.port)

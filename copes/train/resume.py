@@ -8,21 +8,59 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import MISSING, fields, is_dataclass
-from typing import Any
+from dataclasses import MISSING, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from copes.errors import UserError
-from copes.run_log import drop_torn_tail, read_jsonl, rebuild_train_record
-from copes.train.settings import RESUMABLE_CHANGES, Budget, public_settings
+from copes.optimizers.table import get_optimizer
+from copes.run_log import MetricsLog, drop_torn_tail, read_jsonl, rebuild_train_record
+from copes.train.settings import RESUMABLE_CHANGES, Budget, TrainConfig, public_settings
+
+if TYPE_CHECKING:
+    from copes.agents.policy import Policy
+    from copes.optimizers.base import Optimizer
 
 logger = logging.getLogger(__name__)
 
 
 class RunFolder:
-    """The run-folder half of `Trainer` (it provides run_dir, config, optimizer, policy, log
-    and budget)."""
+    """A run's folder (`--out-dir`) and its settings: refused when it holds another run,
+    accepted (config.json written) only once the run is checked, resumed from.
 
-    def _resume(self) -> None:
+    Args:
+        run_dir: the folder.
+        config: the run's settings.
+        optimizer: the run's optimizer (its config is recorded; a resume loads its state).
+        demonstration_messages: the played worked examples every episode starts with.
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        config: TrainConfig,
+        optimizer: Optimizer,
+        demonstration_messages: list[dict[str, Any]],
+    ) -> None:
+        self.run_dir = run_dir
+        self.config = config
+        self.optimizer = optimizer
+        self.demonstration_messages = demonstration_messages
+
+    def accept(self) -> None:
+        """Check a `--resume` against the folder's settings, then write config.json: before
+        this nothing is written into the folder."""
+        if self.config.resume:
+            self._check_resume_settings()
+        path = self.run_dir / "config.json"
+        if self.config.resume and path.exists():
+            return  # checked equal; the budget may have grown
+        path.write_text(json.dumps(self._run_config(), indent=2))
+
+    def resume(self, policy: Policy, log: MetricsLog) -> Budget:
+        """Load the latest checkpoint into `policy` and the optimizer, replay the logged
+        steps after it, rebuild the train records a kill left out of `log`; the budget the
+        run continues with."""
         from copes.checkpoint import (
             latest_checkpoint,
             load_master_state,
@@ -32,13 +70,13 @@ class RunFolder:
 
         # A SIGKILL may leave half a line: es_log's step is then rolled out again; a torn
         # train record of a logged step is rebuilt from es_log below.
-        for log in ("es_log.jsonl", "metrics.jsonl"):
-            drop_torn_tail(self.run_dir / log)
+        for name in ("es_log.jsonl", "metrics.jsonl"):
+            drop_torn_tail(self.run_dir / name)
         checkpoint = latest_checkpoint(self.run_dir)
         if checkpoint is not None:
             try:
                 state = load_state(checkpoint)
-                self.optimizer.load_weights(self.policy, checkpoint)
+                self.optimizer.load_weights(policy, checkpoint)
                 optimizer_state = dict(state["optimizer"])
                 tensors = load_optimizer_tensors(checkpoint)
                 master = load_master_state(checkpoint)
@@ -52,24 +90,28 @@ class RunFolder:
             if tensors is not None:
                 optimizer_state["optimizer_tensors"] = tensors
             self.optimizer.load_state_dict(optimizer_state)
-            self.budget = budget
             if master is not None:
-                self.policy.weights().load_master_state(master)
-            logger.info("resuming from %s (step %d)", checkpoint, self.budget.steps)
+                policy.weights().load_master_state(master)
+            logger.info("resuming from %s (step %d)", checkpoint, budget.steps)
+        else:
+            budget = Budget()
         logged = read_jsonl(self.run_dir / "es_log.jsonl") if self.optimizer.replays else []
         if self.optimizer.replays:
-            entries = [e for e in logged if e["step"] >= self.budget.steps]
-            entries = self._contiguous(entries, self.budget.steps)
+            entries = [e for e in logged if e["step"] >= budget.steps]
+            entries = self._contiguous(entries, budget.steps)
             if entries:
-                self.optimizer.replay(entries, self.policy)
+                self.optimizer.replay(entries, policy)
                 last = entries[-1]
-                self.budget = Budget(last["step"] + 1, last["tokens"], last["seconds"])
+                budget = Budget(last["step"] + 1, last["tokens"], last["seconds"])
                 logger.info("replayed %d logged steps without rollouts", len(entries))
         elif checkpoint is None:
             logger.info("no checkpoint to resume from: starting from the base model")
-        self.log.resume_at(self.budget.steps, self._rebuilt_train_records(logged))
+        log.resume_at(budget.steps, self._rebuilt_train_records(budget, logged))
+        return budget
 
-    def _rebuilt_train_records(self, logged: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _rebuilt_train_records(
+        self, budget: Budget, logged: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
         """Train records of the steps before the resume point that metrics.jsonl lacks (a
         torn last line, or a kill between the es_log and metrics appends), rebuilt from
         their es_log entries; a lacking step with no entry (GRPO, whose metrics lines are
@@ -77,7 +119,7 @@ class RunFolder:
         have = {
             r["step"] for r in read_jsonl(self.run_dir / "metrics.jsonl") if r["kind"] == "train"
         }
-        lacking = [s for s in range(self.budget.steps) if s not in have]
+        lacking = [s for s in range(budget.steps) if s not in have]
         if not lacking:
             return []
         by_step = {int(e["step"]): e for e in logged}
@@ -107,18 +149,6 @@ class RunFolder:
             kept.append(entry)
             expected += 1
         return kept
-
-    def _check_fresh_run_dir(self) -> None:
-        existing = [
-            p
-            for p in ("metrics.jsonl", "es_log.jsonl", "checkpoints")
-            if (self.run_dir / p).exists()
-        ]
-        if existing:
-            raise FileExistsError(
-                f"{self.run_dir} already holds a run ({', '.join(existing)}); pass --resume to "
-                "continue it or choose another --out-dir"
-            )
 
     def _run_config(self) -> dict[str, Any]:
         record: dict[str, Any] = {
@@ -189,14 +219,18 @@ class RunFolder:
 
     def _optimizer_defaults(self) -> dict[str, Any]:
         """The optimizer config's defaults, as the run config stores them (JSON)."""
-        config = getattr(self.optimizer, "config", None)
-        if not is_dataclass(config):
-            return {}
+        config = get_optimizer(self.config.optimizer).config
         defaults = {f.name: f.default for f in fields(config) if f.default is not MISSING}
         return json.loads(json.dumps(defaults, default=str))
 
-    def _write_run_config(self) -> None:
-        path = self.run_dir / "config.json"
-        if self.config.resume and path.exists():
-            return  # checked equal (_check_resume_settings); the budget may have grown
-        path.write_text(json.dumps(self._run_config(), indent=2))
+
+def check_fresh_run_dir(run_dir: Path) -> None:
+    """A new run's folder holds no run: checked before anything is built or written."""
+    existing = [
+        p for p in ("metrics.jsonl", "es_log.jsonl", "checkpoints") if (run_dir / p).exists()
+    ]
+    if existing:
+        raise FileExistsError(
+            f"{run_dir} already holds a run ({', '.join(existing)}); pass --resume to "
+            "continue it or choose another --out-dir"
+        )
