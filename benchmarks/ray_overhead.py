@@ -45,17 +45,15 @@ def run_mode(args: argparse.Namespace, workers: int) -> dict[str, Any]:
     """Build the run, then time `args.steps` optimizer steps (W = 0: in this process)."""
     with tempfile.TemporaryDirectory() as out_dir:
         trainer = make_trainer(args, workers, out_dir)
-        population, startup = None, 0.0
+        population, startup = trainer.evaluator, 0.0  # None: this process
         if workers:
             start = time.perf_counter()
-            population = trainer.start_population()
-            population.start(0)
+            population.start(0, trainer.policy.weights().checksum())
             startup = time.perf_counter() - start
         step_seconds, rewards = [], []
         try:
             for step in range(args.steps):
                 start = time.perf_counter()
-                trainer.optimizer.use_evaluator(population)  # None: this process
                 stats = trainer.optimizer.step(trainer.policy, trainer.train_rollout, step)
                 step_seconds.append(time.perf_counter() - start)
                 rewards.append(stats.log["rewards"])

@@ -30,8 +30,8 @@ from copes.optimizers.perturb import Perturbation
 
 if TYPE_CHECKING:
     from copes.agents.policy import Policy
-    from copes.optimizers.base import RolloutFn
     from copes.optimizers.configs import CoPESConfig
+    from copes.train.task_rollout import TaskRollout
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class ReplicaSpec:
 
     policy_factory: PolicyFactory
     model_path: str
-    rollout_factory: Callable[[], RolloutFn]
+    rollout_factory: Callable[[], TaskRollout]
     optimizer_config: CoPESConfig
     cpus_per_worker: float = 1.0
     gpus_per_worker: float = 0.0
@@ -137,9 +137,7 @@ class ReplicaWorker:
         return self.policy.weights().checksum()
 
     def close(self) -> None:
-        close = getattr(self.rollout, "close", None)
-        if close is not None:
-            close()
+        self.rollout.close()
 
 
 class RayPopulation:

@@ -222,3 +222,55 @@ class EpisodePolicy(Policy, Protocol):
         (seed, i). Returns diagnostics (seconds, forward passes, ...).
         """
         ...
+
+
+@runtime_checkable
+class EpisodeRunner(Protocol):
+    """The episode-loop capability alone (`EpisodePolicy` without the rest of `Policy`):
+    what a population policy, which serves only through its loop, also has."""
+
+    supports_episodes: bool
+
+    def generate_episodes(
+        self,
+        prompts: Sequence[Sequence[int]],
+        sampling: SamplingConfig,
+        next_turn: Callable[[int, Generation], Sequence[int] | None],
+        *,
+        threads: int = 16,
+    ) -> dict[str, float]: ...
+
+
+def runs_episodes(policy: Any) -> bool:
+    """Whether `policy` runs whole episodes in its own loop now (an `EpisodeRunner` whose
+    `supports_episodes` is true): the typed test every rollout path asks."""
+    return isinstance(policy, EpisodeRunner) and bool(policy.supports_episodes)
+
+
+@runtime_checkable
+class PopulationRows(Protocol):
+    """A population served as one policy: each row of the next rollout computes with its
+    member (`copes.agents.hf.population.PopulationPolicy`, the vLLM LoRA population)."""
+
+    def assign(
+        self,
+        members: Sequence[int],
+        streams: Sequence[int],
+        seeds: Sequence[int | None] | None = None,
+    ) -> None:
+        """Each episode's member slot, its episode-loop stream, its turn-by-turn seed."""
+        ...
+
+
+@runtime_checkable
+class TurnPopulation(PopulationRows, Protocol):
+    """A population that runs turn by turn (vLLM schedules rows itself): one call per turn
+    over the unfinished episodes, each row sampling as its member alone would."""
+
+    def generate_turn(
+        self,
+        prompts: Sequence[Sequence[int]],
+        sampling: SamplingConfig,
+        episodes: Sequence[int],
+        turn: int,
+    ) -> list[Generation]: ...

@@ -28,7 +28,14 @@ from typing import Any, Literal
 
 import gymnasium as gym
 
-from copes.agents.policy import EpisodePolicy, Generation, Policy, SamplingConfig
+from copes.agents.policy import (
+    EpisodePolicy,
+    Generation,
+    Policy,
+    SamplingConfig,
+    TurnPopulation,
+    runs_episodes,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -225,7 +232,7 @@ def rollout(
     episodes = [_start(policy, env, s, o) for env, s, o in zip(envs, seeds, options, strict=True)]
     if not sampling.stop:  # the call format's, from the first episode's reset info
         sampling = replace(sampling, stop=episodes[0].stops)
-    if continuous_batching and getattr(policy, "supports_episodes", False):
+    if continuous_batching and runs_episodes(policy):
         _run_episodes(policy, episodes, sampling, limit, stats, tool_threads)
     else:
         _run_turns(policy, episodes, sampling, limit, stats, tool_threads)
@@ -302,7 +309,7 @@ def _run_turns(
             active = [episodes[i] for i in indices]
             prompts = [e.trajectory.token_ids for e in active]
             start = time.perf_counter()
-            if hasattr(policy, "generate_turn"):  # a population: rows know their episode
+            if isinstance(policy, TurnPopulation):  # a population: rows know their episode
                 generations = policy.generate_turn(prompts, sampling, indices, turn)
             else:
                 turn_sampling = sampling

@@ -216,9 +216,7 @@ def _evaluate_one(model: str, out: Path, args: argparse.Namespace, sampling: Any
             demonstrations=args.demonstrations,
         )
     finally:
-        close = getattr(policy, "close", None)
-        if close is not None:  # a vLLM engine frees its GPU memory before the baseline's
-            close()
+        policy.close()  # a vLLM engine frees its GPU memory before the baseline's
         del policy
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

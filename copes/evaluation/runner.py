@@ -217,7 +217,7 @@ def evaluate(
     resolved = resolve_benchmarks(benchmarks)
     from copes.agents.chat import resolve_call_format
 
-    chat = getattr(policy, "chat", None)  # only "native" needs the model's chat template
+    chat = None if policy is None else policy.chat  # "native" reads the chat template
     call_format = resolve_call_format(call_format, chat)
     if sampling.greedy and n > 1:
         logger.warning("temperature 0 (greedy): the %d samples of a problem will be identical", n)
@@ -235,7 +235,7 @@ def evaluate(
         "max_turns": max_turns,
         "batch_episodes": batch_episodes,
         "call_format": call_format,
-        "chat_template_kwargs": dict(getattr(chat, "template_kwargs", {})),
+        "chat_template_kwargs": {} if chat is None else dict(chat.template_kwargs),
     }
     env_kwargs = dict(env_kwargs or {})
     # Absent when unset, so the evaluations stored before these options still resume.

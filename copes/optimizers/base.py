@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from copes.agents.policy import Policy
@@ -27,6 +27,17 @@ class RolloutFn(Protocol):
     batch (GRPO: `samples_per_task` samples of each task, set where the rollout is built)."""
 
     def __call__(self, policy: Policy, step: int, member: int | None = None) -> RolloutBatch: ...
+
+
+@runtime_checkable
+class PopulationRollout(RolloutFn, Protocol):
+    """A rollout that also runs several members' batches of a step in one rollout of a
+    population policy (`copes.train.task_rollout.TaskRollout`)."""
+
+    batch_size: int
+    samples: int
+
+    def population(self, policy: Any, step: int, members: Sequence[int]) -> list[RolloutBatch]: ...
 
 
 @dataclass

@@ -20,6 +20,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from copes.agents.hf.population import LowRankPopulation
+from copes.agents.policy import runs_episodes
+from copes.optimizers.base import PopulationRollout
 from copes.optimizers.es import MemberResult
 
 if TYPE_CHECKING:
@@ -114,7 +116,7 @@ class BatchedEvaluator:
         from copes.agents.hf.population import PopulationPolicy, StackedModel
         from copes.agents.vllm.policy import VLLMPolicy
 
-        if not hasattr(rollout, "population"):
+        if not isinstance(rollout, PopulationRollout):
             raise TypeError("the batched evaluator needs a rollout with `population` (TaskRollout)")
         self.policy = policy
         self.rollout = rollout
@@ -133,7 +135,7 @@ class BatchedEvaluator:
             self.member_weights: Any = VLLMLowRankPopulation(policy, population_size, rank)
             self.population_policy: Any = self.member_weights
             return
-        if not getattr(policy, "supports_episodes", False):
+        if not runs_episodes(policy):
             raise ValueError(
                 "--population-eval batched runs members in the transformers episode loop; "
                 f"{type(policy).__name__} has none (use --backend hf with a model whose KV "

@@ -282,7 +282,7 @@ class CoPES:
     def replay(self, entries: Sequence[dict[str, Any]], policy: Any) -> None:
         """Re-apply logged steps (their `step` and `rewards`) without any rollout; `policy`
         may also be a bare `WeightSpace`."""
-        weights = policy.weights() if hasattr(policy, "weights") else policy
+        weights = policy if isinstance(policy, WeightSpace) else policy.weights()
         for entry in entries:
             step = int(entry["step"])
             self.tell(step, self.ask(step), entry["rewards"], weights)

@@ -154,8 +154,7 @@ class GRPO:
             betas=config.adam_betas,
             weight_decay=config.weight_decay,
         )
-        tokenizer = getattr(policy, "tokenizer", None)
-        pad = getattr(tokenizer, "pad_token_id", None)
+        pad = policy.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else 0)
 
     # ------------------------------------------------------------------ one step
@@ -207,13 +206,12 @@ class GRPO:
         }
         for key in updates[0]:
             metrics[key] = sum(u[key] for u in updates) / len(updates)
-        stats = getattr(batch, "stats", None)
         return StepStats(
             metrics=metrics,
-            generation_seconds=getattr(stats, "generation_seconds", 0.0),
-            env_seconds=getattr(stats, "env_seconds", 0.0),
+            generation_seconds=batch.stats.generation_seconds,
+            env_seconds=batch.stats.env_seconds,
             optimizer_seconds=time.perf_counter() - start,
-            generated_tokens=int(getattr(stats, "generated_tokens", denominators[0])),
+            generated_tokens=batch.stats.generated_tokens,
             log={"step": step},
         )
 

@@ -22,7 +22,7 @@ from dataclasses import replace
 from typing import Any
 
 from copes.agents.hf.engine import Reprompt
-from copes.agents.policy import Generation, SamplingConfig
+from copes.agents.policy import Generation, PopulationRows, SamplingConfig, TurnPopulation
 from copes.agents.rollout import turn_seed
 from copes.serve.sessions import PendingTurn, Session, Turn
 from copes.serve.steps import ServedStep
@@ -47,7 +47,7 @@ def run_sessions(
             current.append(first)
     if not active:
         return {"seconds": 0.0}
-    if hasattr(engine_policy, "assign") and served.specs[0].slot is not None:
+    if isinstance(engine_policy, PopulationRows) and served.specs[0].slot is not None:
         specs = [served.specs[s.index] for s in active]
         engine_policy.assign([s.slot for s in specs], [s.stream for s in specs])
 
@@ -87,7 +87,7 @@ def run_session_turns(
         first = session.take(served.deadline)
         if first is not None:
             current[session.index] = first
-    population = hasattr(policy, "generate_turn")
+    population = isinstance(policy, TurnPopulation)
     if population:
         specs = served.specs
         policy.assign(

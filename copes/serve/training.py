@@ -24,6 +24,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
+from copes.agents.policy import runs_episodes
 from copes.agents.rollout import RolloutBatch, RolloutStats, Trajectory
 from copes.envs.tasks.base import task_to_dict
 from copes.optimizers.batched import BatchedEvaluator
@@ -134,7 +135,7 @@ def _serve_step(
     every reward. Raises `StepFailed` (and applies nothing) when it fails."""
     harness.start(server, served)
     try:
-        episodes = getattr(engine_policy, "supports_episodes", False)
+        episodes = runs_episodes(engine_policy)
         run = run_sessions if episodes else run_session_turns  # vLLM: turn by turn
         with server.model_lock:
             stats = run(engine_policy, served, sampling, server.chat, server.call_format)

@@ -131,9 +131,8 @@ def test_batched_step_equals_sequential_in_float64(tiny_policy_64, temperature):
     try:
         start = policy.weights().master_state()
         start = {k: v.clone() for k, v in start.items()}
-        sequential, batched = CoPES(config), CoPES(config)
-        sequential.use_evaluator(LocalEvaluator(policy, rollout))
-        batched.use_evaluator(BatchedEvaluator(policy, rollout, config.population_size))
+        sequential = CoPES(config, LocalEvaluator(policy, rollout))
+        batched = CoPES(config, BatchedEvaluator(policy, rollout, config.population_size))
         members = sequential.ask(0)
         seq = sequential.evaluator.evaluate(0, members)
         bat = batched.evaluator.evaluate(0, members)

@@ -34,18 +34,31 @@ class Tool(Protocol):
     def __call__(self, **kwargs: Any) -> str: ...
 
 
+@runtime_checkable
+class EpisodicTool(Tool, Protocol):
+    """A tool whose state belongs to one episode (the Python interpreter) or that depends on
+    the task (the per-question search pool): the env resets it for every episode."""
+
+    def reset(self, task: Task | None) -> None: ...
+
+
+@runtime_checkable
+class ClosableTool(Tool, Protocol):
+    """A tool that holds something to release (worker processes, an index)."""
+
+    def close(self) -> None: ...
+
+
 def reset_tool(tool: Tool, task: Task | None) -> None:
     """Start a new episode for `tool` if it cares about episodes."""
-    hook = getattr(tool, "reset", None)
-    if callable(hook):
-        hook(task)
+    if isinstance(tool, EpisodicTool):
+        tool.reset(task)
 
 
 def close_tool(tool: Tool) -> None:
     """Release what `tool` holds (worker processes, indexes) if it holds anything."""
-    hook = getattr(tool, "close", None)
-    if callable(hook):
-        hook()
+    if isinstance(tool, ClosableTool):
+        tool.close()
 
 
 def tool_schema(tool: Tool) -> dict[str, Any]:
@@ -258,7 +271,7 @@ def as_tool(candidate: Any) -> Tool:
     """A `Tool` as it is; a plain (or `async`) function through `@tool`, so
     ``extra_tools=[my_function]`` works. Anything else is a TypeError that says what a tool
     needs."""
-    if all(hasattr(candidate, attr) for attr in ("name", "description", "parameters")):
+    if isinstance(candidate, Tool):
         return candidate
     if inspect.isfunction(candidate) or inspect.ismethod(candidate):
         return tool(candidate)
