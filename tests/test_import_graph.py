@@ -110,6 +110,7 @@ GRAPH = import_graph()
 BACKEND_FREE = (
     "copes.agents.policy", "copes.agents.rollout", "copes.agents.chat", "copes.agents.sampling",
     "copes.agents.models", "copes.agents.adapters", "copes.agents.scripted",
+    "copes.agents.episodes",
 )  # fmt: skip
 # (what, the modules, what they must not import)
 LAYERS = [

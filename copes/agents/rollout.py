@@ -1,15 +1,12 @@
-"""Batched multi-turn rollouts: many episodes at once, each growing one token sequence.
+"""Batched multi-turn rollouts in environments: many episodes at once, each growing one
+token sequence.
 
-Two ways to run them, with the same trajectories:
-
-- **Episode loop** (a policy with `EpisodePolicy.generate_episodes`, e.g. `HFPolicy`): the
-  policy runs all episodes in one continuous-batching loop and keeps each episode's KV cache
-  across turns; when an episode's turn ends, its env is stepped (tool call, grading) in a
-  worker thread while the other episodes keep decoding, and the episode continues with what
-  the env answered.
-- **Turn by turn** (any `Policy`): every turn, all unfinished episodes are generated in one
-  `generate_ids` call, then their turns are stepped in their environments in parallel
-  threads.
+Each episode is an `EnvDriver` of the one episode loop (`copes.agents.episodes`): the env's
+reset gives its prompt, every turn is stepped in the env (tool call, grading) and what the
+env answered continues the sequence. The loop runs them in the policy's own
+continuous-batching loop (`HFPolicy`: KV caches kept across turns, an episode's env step in
+a worker thread while the others keep decoding), or turn by turn for any other policy (one
+batched call per turn, then the env steps in parallel threads).
 
 Tool calls run in sandbox processes or release the GIL, so a slow call costs at most its own
 timeout; finished episodes drop out. Each episode keeps one growing token sequence with a
@@ -20,22 +17,14 @@ needs only the rewards.
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import gymnasium as gym
 
-from copes.agents.policy import (
-    EpisodePolicy,
-    Generation,
-    Policy,
-    SamplingConfig,
-    TurnPopulation,
-    runs_episodes,
-)
+from copes.agents.episodes import play_episodes
+from copes.agents.policy import Generation, Policy, SamplingConfig
 
 logger = logging.getLogger(__name__)
 
@@ -123,77 +112,91 @@ class RolloutBatch(list):
         self.stats = stats
 
 
-@dataclass
-class _Episode:
-    env: gym.Env
-    trajectory: Trajectory
-    tools: list[dict[str, Any]] | None
-    stops: tuple[str, ...]
-    done: bool = False
-    tool_seconds: float = 0.0
-    grade_seconds: float = 0.0
+class EnvDriver:
+    """An episode driven by its environment (`copes.agents.episodes.EpisodeDriver`): reset
+    gives the prompt, every turn is stepped in the env (tool call, grading) and extends the
+    trajectory's one token sequence; an episode whose next turn would not fit the context
+    ends there, cleanly, with reward 0."""
 
+    def __init__(
+        self,
+        policy: Policy,
+        env: gym.Env,
+        seed: int | None,
+        options: dict | None,
+        sampling: SamplingConfig,
+        limit: int,
+    ) -> None:
+        _, info = env.reset(seed=seed, options=options)
+        self.policy, self.env, self.sampling, self.limit = policy, env, sampling, limit
+        # Model-native formats show the tools through the template (`tools=`); tags
+        # describe them in the instructions.
+        self.tools = info.get("tools") if info.get("call_format", "tags") != "tags" else None
+        prompt = policy.chat.encode_prompt(info["messages"], self.tools)
+        self.trajectory = Trajectory(
+            task_id=info["task_id"],
+            messages=info["messages"],
+            token_ids=list(prompt),
+            generated_mask=[0] * len(prompt),
+            logprobs=[0.0] * len(prompt),
+            prompt_length=len(prompt),
+        )
+        self.stops = stop_strings(info)
+        self.done = False
+        self.tool_seconds = 0.0
+        self.grade_seconds = 0.0
 
-def _start(policy: Policy, env: gym.Env, seed: int | None, options: dict | None) -> _Episode:
-    _, info = env.reset(seed=seed, options=options)
-    # Model-native formats show the tools through the template (`tools=`); tags describe
-    # them in the instructions.
-    tools = info.get("tools") if info.get("call_format", "tags") != "tags" else None
-    prompt = policy.chat.encode_prompt(info["messages"], tools)
-    trajectory = Trajectory(
-        task_id=info["task_id"],
-        messages=info["messages"],
-        token_ids=list(prompt),
-        generated_mask=[0] * len(prompt),
-        logprobs=[0.0] * len(prompt),
-        prompt_length=len(prompt),
-    )
-    return _Episode(env, trajectory, tools, stop_strings(info))
+    def start(self) -> list[int] | None:
+        return list(self.trajectory.token_ids) if self._fits() else None
 
+    def limits(self) -> None:
+        return None  # the rollout's sampling: every episode alike
 
-def _step(policy: Policy, episode: _Episode, generation: Generation) -> list[int] | None:
-    """Feed one generated turn to the episode's env and extend its token sequence; return
-    the ids that follow the turn (None when the episode ended)."""
-    traj = episode.trajectory
-    traj.token_ids.extend(generation.token_ids)
-    traj.generated_mask.extend([1] * len(generation.token_ids))
-    traj.logprobs.extend(generation.logprobs)
-    # The env sees the whole assistant turn: what the template pre-filled there (e.g.
-    # "<think>\n" after the question) and what the model wrote.
-    action = policy.chat.turn_text(generation.token_ids, traj.messages)
-    _, reward, terminated, truncated, info = episode.env.step(action)
-    episode.tool_seconds += float(info.get("tool_seconds", 0.0))
-    episode.grade_seconds += float(info.get("grade_seconds", 0.0))
-    traj.turns = info["turn"]
-    traj.tool_calls = info["tool_calls"]
-    traj.messages = info["messages"]
-    traj.reward += float(reward)
-    if terminated or truncated:
-        episode.done = True
-        traj.correct = bool(info.get("correct", False))
-        traj.grade = info.get("grade", {})
-        reason = info.get("end_reason", "max_turns")
-        if reason == "max_turns" and info.get("action") == "invalid":
-            reason = "invalid"
-        traj.end_reason = reason
-        return None
-    # What follows the sampled turn: its closing, the env's answer (tool output or
-    # feedback), the next assistant header; the turn itself is never re-rendered.
-    continuation = policy.chat.encode_continuation(
-        info["messages"], generation.token_ids, episode.tools
-    )
-    traj.token_ids.extend(continuation)
-    traj.generated_mask.extend([0] * len(continuation))
-    traj.logprobs.extend([0.0] * len(continuation))
-    return continuation
+    def after_turn(self, generation: Generation) -> list[int] | None:
+        """Feed the turn to the env and extend the token sequence; the ids that follow the
+        turn, or None when the episode ended (or its next turn would not fit)."""
+        traj = self.trajectory
+        traj.token_ids.extend(generation.token_ids)
+        traj.generated_mask.extend([1] * len(generation.token_ids))
+        traj.logprobs.extend(generation.logprobs)
+        # The env sees the whole assistant turn: what the template pre-filled there (e.g.
+        # "<think>\n" after the question) and what the model wrote.
+        action = self.policy.chat.turn_text(generation.token_ids, traj.messages)
+        _, reward, terminated, truncated, info = self.env.step(action)
+        self.tool_seconds += float(info.get("tool_seconds", 0.0))
+        self.grade_seconds += float(info.get("grade_seconds", 0.0))
+        traj.turns = info["turn"]
+        traj.tool_calls = info["tool_calls"]
+        traj.messages = info["messages"]
+        traj.reward += float(reward)
+        if terminated or truncated:
+            self.done = True
+            traj.correct = bool(info.get("correct", False))
+            traj.grade = info.get("grade", {})
+            reason = info.get("end_reason", "max_turns")
+            if reason == "max_turns" and info.get("action") == "invalid":
+                reason = "invalid"
+            traj.end_reason = reason
+            return None
+        # What follows the sampled turn: its closing, the env's answer (tool output or
+        # feedback), the next assistant header; the turn itself is never re-rendered.
+        continuation = self.policy.chat.encode_continuation(
+            info["messages"], generation.token_ids, self.tools
+        )
+        traj.token_ids.extend(continuation)
+        traj.generated_mask.extend([0] * len(continuation))
+        traj.logprobs.extend([0.0] * len(continuation))
+        return continuation if self._fits() else None
 
-
-def _end_for_context(episode: _Episode) -> None:
-    """The next turn would not fit the model's context: end cleanly with reward 0."""
-    episode.done = True
-    episode.trajectory.end_reason = "context"
-    episode.trajectory.reward = 0.0
-    episode.trajectory.correct = False
+    def _fits(self) -> bool:
+        """Whether another turn of up to max_new_tokens fits the context (else: end now)."""
+        if len(self.trajectory.token_ids) + self.sampling.max_new_tokens > self.limit:
+            self.done = True
+            self.trajectory.end_reason = "context"
+            self.trajectory.reward = 0.0
+            self.trajectory.correct = False
+            return False
+        return True
 
 
 def rollout(
@@ -206,6 +209,7 @@ def rollout(
     max_context: int | None = None,
     tool_threads: int = 16,
     continuous_batching: bool = True,
+    assign: Callable[[list[int]], None] | None = None,
 ) -> RolloutBatch:
     """Run one episode in each env to the end; return their trajectories (in env order).
 
@@ -217,9 +221,9 @@ def rollout(
         max_context: tokens an episode may use in all; default: the policy's context.
         tool_threads: threads stepping environments (tool calls) in parallel.
         continuous_batching: run whole episodes in the policy's own loop when it has one
-            (`EpisodePolicy`: KV caches kept across turns, turns overlapping tool calls);
-            False, or a policy without it, runs turn by turn: one `generate_ids` call per
-            turn over all unfinished episodes, whose seed is varied per turn.
+            (KV caches kept across turns, turns overlapping tool calls); False, or a policy
+            without it, runs turn by turn (`copes.agents.episodes`).
+        assign: a population's `assign` of the episodes that start (their env indices).
     """
     if not envs:
         return RolloutBatch([], RolloutStats())
@@ -228,101 +232,25 @@ def rollout(
     if len(seeds) != len(envs) or len(options) != len(envs):
         raise ValueError("seeds and options must have one entry per env")
     limit = max_context or policy.max_context
-    stats = RolloutStats()
-    episodes = [_start(policy, env, s, o) for env, s, o in zip(envs, seeds, options, strict=True)]
+    drivers = [
+        EnvDriver(policy, env, s, o, sampling, limit)
+        for env, s, o in zip(envs, seeds, options, strict=True)
+    ]
     if not sampling.stop:  # the call format's, from the first episode's reset info
-        sampling = replace(sampling, stop=episodes[0].stops)
-    if continuous_batching and runs_episodes(policy):
-        _run_episodes(policy, episodes, sampling, limit, stats, tool_threads)
-    else:
-        _run_turns(policy, episodes, sampling, limit, stats, tool_threads)
-    stats.tool_seconds = sum(e.tool_seconds for e in episodes)
-    stats.grade_seconds = sum(e.grade_seconds for e in episodes)
-    return RolloutBatch([e.trajectory for e in episodes], stats)
-
-
-def _fits(episode: _Episode, sampling: SamplingConfig, limit: int) -> bool:
-    """Whether another turn of up to max_new_tokens fits the context (else: end cleanly)."""
-    if len(episode.trajectory.token_ids) + sampling.max_new_tokens > limit:
-        _end_for_context(episode)
-        return False
-    return True
-
-
-def _run_episodes(
-    policy: EpisodePolicy,
-    episodes: list[_Episode],
-    sampling: SamplingConfig,
-    limit: int,
-    stats: RolloutStats,
-    threads: int,
-) -> None:
-    """All episodes in the policy's episode loop; env steps run as their turns end."""
-    active = [e for e in episodes if _fits(e, sampling, limit)]
-    if not active:
-        return
-    env_seconds: list[float] = []  # appended from worker threads
-
-    def next_turn(index: int, generation: Generation) -> list[int] | None:
-        start = time.perf_counter()
-        episode = active[index]
-        continuation = _step(policy, episode, generation)
-        if continuation is not None and not _fits(episode, sampling, limit):
-            continuation = None
-        env_seconds.append(time.perf_counter() - start)
-        return continuation
-
-    start = time.perf_counter()
-    prompts = [list(e.trajectory.token_ids) for e in active]
-    stats.engine = policy.generate_episodes(prompts, sampling, next_turn, threads=threads)
-    stats.generation_seconds += time.perf_counter() - start
-    stats.env_seconds += sum(env_seconds)
-    stats.generate_calls += 1
-    stats.generated_tokens += sum(e.trajectory.num_generated_tokens for e in active)
-
-
-def turn_seed(seed: int, turn: int) -> int:
-    """The sampling seed of turn `turn` of a turn-by-turn rollout (prompt i adds i)."""
-    return seed + 1_000_003 * turn
-
-
-def _run_turns(
-    policy: Policy,
-    episodes: list[_Episode],
-    sampling: SamplingConfig,
-    limit: int,
-    stats: RolloutStats,
-    threads: int,
-) -> None:
-    """Turn by turn: one batched `generate_ids` call over all unfinished episodes, then
-    their env steps in parallel threads. A policy serving a population
-    (`copes.agents.vllm.population`) is called with `generate_turn(prompts, sampling,
-    episode indices, turn)` instead, so each row samples as its member alone would."""
-    turn = 0
-    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(episodes)))) as pool:
-        while True:
-            indices = [
-                i for i, e in enumerate(episodes) if not e.done and _fits(e, sampling, limit)
-            ]
-            if not indices:
-                break
-            active = [episodes[i] for i in indices]
-            prompts = [e.trajectory.token_ids for e in active]
-            start = time.perf_counter()
-            if isinstance(policy, TurnPopulation):  # a population: rows know their episode
-                generations = policy.generate_turn(prompts, sampling, indices, turn)
-            else:
-                turn_sampling = sampling
-                if sampling.seed is not None:
-                    turn_sampling = replace(sampling, seed=turn_seed(sampling.seed, turn))
-                generations = policy.generate_ids(prompts, turn_sampling)
-            stats.generation_seconds += time.perf_counter() - start
-            stats.generate_calls += 1
-            stats.generated_tokens += sum(len(g.token_ids) for g in generations)
-            start = time.perf_counter()
-            list(pool.map(lambda pair: _step(policy, *pair), zip(active, generations, strict=True)))
-            stats.env_seconds += time.perf_counter() - start
-            for episode in active:
-                if not episode.done and len(episode.trajectory.token_ids) >= limit:
-                    _end_for_context(episode)
-            turn += 1
+        sampling = replace(sampling, stop=drivers[0].stops)
+        for driver in drivers:
+            driver.sampling = sampling
+    loop = play_episodes(
+        policy, drivers, sampling, threads=tool_threads, continuous=continuous_batching,
+        assign=assign,
+    )  # fmt: skip
+    stats = RolloutStats(
+        generation_seconds=loop.generation_seconds,
+        env_seconds=loop.after_turn_seconds,
+        generated_tokens=sum(d.trajectory.num_generated_tokens for d in drivers),
+        generate_calls=loop.generate_calls,
+        tool_seconds=sum(d.tool_seconds for d in drivers),
+        grade_seconds=sum(d.grade_seconds for d in drivers),
+        engine=loop.engine,
+    )
+    return RolloutBatch([d.trajectory for d in drivers], stats)

@@ -9,7 +9,9 @@ sequence, copes' bridging rule in `copes.agents.chat`); otherwise it is *re-rend
 conversation is encoded anew, and earlier sampled tokens are no longer in the sequence).
 
 The HTTP side and the episode loop meet here: a request queues a `PendingTurn` and waits for
-its future; the engine (`copes.serve.engine`) takes it, generates, and resolves the future.
+its future; the session's `SessionDriver` hands it to the one episode loop
+(`copes.agents.episodes`), which generates the turn, and the driver records it and resolves
+the future.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from copes.agents.hf.engine import Reprompt
-from copes.serve.wire import ServeError, TurnRequest, context_error
+from copes.agents.episodes import Reprompt
+from copes.agents.policy import Generation
+from copes.serve.wire import ServeError, TurnRequest, context_error, turn_reply
 
 ENDED = object()  # queued when a session's reward arrives: its episode is over
 END_REASONS = ("answer", "max_turns", "context", "invalid")  # copes.agents.rollout.EndReason
@@ -281,3 +284,64 @@ def _same_reply(echoed: dict[str, Any], reply: dict[str, Any]) -> bool:
         return False
     content = echoed.get("content") or ""
     return content == (reply.get("content") or "") or (bool(sent) and not content)
+
+
+class SessionDriver:
+    """A served session as an episode of the one episode loop (`EpisodeDriver`): its first
+    request is the prompt, each request's stops and length are its turn's limits, and after a
+    turn the reply goes back and the loop waits for the session's next request (its ids
+    bridged onto the sequence, or a whole new one: `Reprompt`) or its reward (the end)."""
+
+    def __init__(self, session: Session, deadline: float, chat: Any, call_format: str) -> None:
+        self.session = session
+        self.deadline = deadline
+        self.chat = chat
+        self.call_format = call_format
+        self.pending: PendingTurn | None = None
+
+    def start(self) -> list[int] | None:
+        self.pending = self.session.take(self.deadline)
+        if self.pending is None:
+            return None
+        ids = self.pending.ids  # a first turn is always a whole prompt
+        return list(ids.ids) if isinstance(ids, Reprompt) else list(ids)
+
+    def limits(self) -> tuple[tuple[str, ...], int]:
+        assert self.pending is not None
+        return self.pending.stops, self.pending.max_new_tokens
+
+    def after_turn(self, generation: Generation) -> list[int] | Reprompt | None:
+        assert self.pending is not None
+        self.session.finish_turn(self.pending, self._turn(self.pending, generation))
+        self.pending = self.session.take(self.deadline)
+        return None if self.pending is None else self.pending.ids
+
+    def _turn(self, pending: PendingTurn, generation: Generation) -> Turn:
+        """The turn as recorded, with the reply its request gets."""
+        session, request = self.session, pending.request
+        if not session.turns:
+            how = "first"
+        else:
+            how = "re-rendered" if isinstance(pending.ids, Reprompt) else "bridged"
+        extra = {
+            "session": session.id,
+            "member": session.member,
+            "step": session.step.step,
+            "policy_version": session.step.policy_version,
+            "prompt": how,
+        }
+        text = self.chat.turn_text(generation.token_ids, request.messages)
+        reply, finish = turn_reply(
+            request, generation, text, self.call_format, self.chat.tokenizer, extra
+        )
+        return Turn(
+            request_key=request.key(),
+            messages=request.messages,
+            tools=request.tools,
+            prompt_token_ids=list(generation.prompt_token_ids),
+            token_ids=list(generation.token_ids),
+            logprobs=list(generation.logprobs),
+            finish_reason=finish,
+            bridged=how == "bridged",
+            reply=reply,
+        )

@@ -24,13 +24,14 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
-from copes.agents.policy import runs_episodes
+from copes.agents.episodes import play_episodes
+from copes.agents.policy import PopulationRows
 from copes.agents.rollout import RolloutBatch, RolloutStats, Trajectory
 from copes.envs.tasks.base import task_to_dict
 from copes.optimizers.batched import BatchedEvaluator
 from copes.optimizers.es import MemberResult
-from copes.serve.engine import run_session_turns, run_sessions
 from copes.serve.server import PolicyServer
+from copes.serve.sessions import SessionDriver
 from copes.serve.steps import ServedStep, SessionSpec
 
 Episode = Callable[[Any, str, dict[str, Any]], Awaitable[Any]]
@@ -135,10 +136,26 @@ def _serve_step(
     every reward. Raises `StepFailed` (and applies nothing) when it fails."""
     harness.start(server, served)
     try:
-        episodes = runs_episodes(engine_policy)
-        run = run_sessions if episodes else run_session_turns  # vLLM: turn by turn
-        with server.model_lock:
-            stats = run(engine_policy, served, sampling, server.chat, server.call_format)
+        drivers = [
+            SessionDriver(s, served.deadline, server.chat, server.call_format)
+            for s in served.sessions
+        ]
+        assign = None
+        if isinstance(engine_policy, PopulationRows) and served.specs[0].slot is not None:
+            specs = served.specs
+
+            def assign(started: list[int]) -> None:  # each started session's member row
+                rows = [specs[i] for i in started]
+                engine_policy.assign(
+                    [s.slot for s in rows], [s.stream or 0 for s in rows], [s.seed for s in rows]
+                )
+
+        with server.model_lock:  # every session waits on its client: one thread each
+            loop = play_episodes(
+                engine_policy, drivers, sampling, threads=len(drivers), assign=assign
+            )
+        stats = {"seconds": loop.seconds, "generate_calls": float(loop.generate_calls),
+                 **loop.engine}  # fmt: skip
         served.wait_rewards()
     finally:
         if served.failed is None and not all(s.ended for s in served.sessions):

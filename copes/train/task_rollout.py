@@ -97,10 +97,16 @@ class TaskRollout:
         while len(self._population_envs) < len(plan):
             self._population_envs.append(self._make_env())
         options = [{"task": e.task} for e in plan]
-        policy.assign([e.slot for e in plan], [e.stream for e in plan], [e.seed for e in plan])
+
+        def assign(started: list[int]) -> None:  # the rows of the episodes that start
+            rows = [plan[i] for i in started]
+            policy.assign([e.slot for e in rows], [e.stream for e in rows], [e.seed for e in rows])
+
         envs = self._population_envs[: len(options)]
         sampling = self.sampling_of(step, members[0])
-        batch = rollout(policy, envs, sampling, options=options, max_context=self.max_context)
+        batch = rollout(
+            policy, envs, sampling, options=options, max_context=self.max_context, assign=assign
+        )
         grouped: list[list[Any]] = [[None] * per_member for _ in members]
         for episode, trajectory in zip(plan, batch, strict=True):
             grouped[episode.slot][episode.index] = trajectory

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from copes.agents.episodes import Reprompt
 from copes.agents.hf.kv_batch import KVBatch, SlotBatch
 from copes.agents.policy import FinishReason, Generation, SamplingConfig
 from copes.agents.sampling import chosen_logprobs, sample_tokens, stream
@@ -47,15 +48,6 @@ NextTurn = Callable[[int, Generation], "Sequence[int] | Reprompt | None"]
 # An episode's (stop strings, max new tokens) for its current turn, when they differ per
 # episode (a served session's request sets them); default: the sampling config's.
 TurnLimits = Callable[[int], tuple[tuple[str, ...], int]]
-
-
-@dataclass(frozen=True)
-class Reprompt:
-    """What `next_turn` returns when an episode's next prompt does not extend its sequence
-    (a served conversation re-rendered, not bridged): the whole new sequence. The episode's
-    KV cache is dropped and the row re-joins with these ids prefilled from scratch."""
-
-    ids: Sequence[int]
 
 
 @dataclass

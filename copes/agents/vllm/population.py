@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from copes.agents.adapters import adapter_targets
-from copes.agents.rollout import turn_seed
+from copes.agents.episodes import turn_seed
 from copes.agents.vllm.weights import scratch_dir
 
 if TYPE_CHECKING:
