@@ -192,14 +192,13 @@ class TrainablePolicy(Policy, Protocol):
 
 
 @runtime_checkable
-class EpisodePolicy(Policy, Protocol):
-    """An optional capability: whole multi-turn episodes in one call.
-
-    `rollout` uses it when a policy has it and ``supports_episodes`` is true, and otherwise
-    runs turn by turn with `generate_ids`. A backend that keeps KV caches across turns and
-    batches continuously (a row that ends its turn leaves, and re-joins when its tool
-    output is ready) implements it; `HFPolicy` does.
-    """
+class EpisodeRunner(Protocol):
+    """An optional capability: whole multi-turn episodes in one call, in the policy's own
+    continuous-batching loop (`HFPolicy`; a population policy, which serves only through
+    its loop, too). The one episode loop (`copes.agents.episodes`) uses it when a policy has
+    it and ``supports_episodes`` is true, and otherwise runs turn by turn with
+    `generate_ids`. A row that ends its turn leaves, and re-joins when what follows it is
+    ready."""
 
     supports_episodes: bool
 
@@ -225,20 +224,8 @@ class EpisodePolicy(Policy, Protocol):
 
 
 @runtime_checkable
-class EpisodeRunner(Protocol):
-    """The episode-loop capability alone (`EpisodePolicy` without the rest of `Policy`):
-    what a population policy, which serves only through its loop, also has."""
-
-    supports_episodes: bool
-
-    def generate_episodes(
-        self,
-        prompts: Sequence[Sequence[int]],
-        sampling: SamplingConfig,
-        next_turn: Callable[[int, Generation], Sequence[int] | None],
-        *,
-        threads: int = 16,
-    ) -> dict[str, float]: ...
+class EpisodePolicy(Policy, EpisodeRunner, Protocol):
+    """A `Policy` that runs whole episodes in its own loop (`EpisodeRunner`)."""
 
 
 def runs_episodes(policy: Any) -> bool:
