@@ -189,6 +189,8 @@ class Trainer:
             self.log.close()
             self.train_rollout.close()
             self.eval_rollout.close()
+            if self.evaluator is not None:  # the run is over: Ray actors, engine adapters
+                self.evaluator.close()
             if self.server is not None:  # clients asking over HTTP hear that it is over
                 self.server.stop(linger=2.0 if self.config.harness == "http" else 0.0)
         return self.summary()
