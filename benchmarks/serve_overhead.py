@@ -1,16 +1,24 @@
-"""Step time of a CoPES population served over HTTP vs evaluated in process, side by side.
+"""Step time of a CoPES population served over HTTP vs evaluated in process, side by side, with
+clients holding 1, 4, 16 or all of a step's sessions in flight.
 
-Both score the same members of the same steps on the same tasks in this process: the
-in-process batched evaluator (`copes.optimizers.batched`, one episode loop over the stacked
-members, copes' env loop inside it) and the served one (`copes.serve`: the same loop, each
-episode a session whose turns arrive as OpenAI chat-completions requests from copes' own env
-loop running on the real `openai` client in a harness thread). The figure of merit is the
-ratio of their step seconds, served / in-process (target on 2 CPU cores: <= 1.3); besides
-it: requests/s and generated tokens/s of the served step, the p50/p95 latency of a turn as
-the client sees it, and whether rewards and episodes are the in-process ones.
+Every row scores the same members of the same step on the same tasks in this process:
 
-    python benchmarks/serve_overhead.py                       # N = 16 x 16 tasks, 2 steps
-    python benchmarks/serve_overhead.py --population-size 4 --tasks 3 --steps 1
+- in process: the batched evaluator (`copes.optimizers.batched`, one episode loop over the
+  stacked members), members one after another (`LocalEvaluator`), and the step's episodes
+  played one at a time (each alone in the loop, with its member's weights and stream);
+- served, deterministic schedule: every session at once through the in-process harness
+  (copes' env loop on the real `openai` client), the reference for bit-identical episodes;
+- served, as they come: an ask/tell client over HTTP (`copes.serve.client.ask_tell`, the env
+  loop as its agent) with at most 1, 4, 16 or all sessions in flight.
+
+Targets on 2 CPU cores: all in flight <= 1.3x the in-process batched step; 16 in flight <=
+1.6x; 1 in flight <= 1.2x the same episodes played one at a time in process. Besides: tokens/s,
+the p50/p95 of a turn as the client sees it, and the share of episodes (and rewards) equal to
+the in-process batched step's (as they come, only the batch's composition differs: float
+rounding).
+
+    python benchmarks/serve_overhead.py                  # N = 16 x 8 tasks: 128 sessions
+    python benchmarks/serve_overhead.py --population-size 4 --tasks 3 --in-flight 1 all
 
 Writes benchmarks/results/serve_overhead.json (or --out).
 """
@@ -18,16 +26,19 @@ Writes benchmarks/results/serve_overhead.json (or --out).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import platform
-import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 LOAD_BEFORE = list(os.getloadavg())
+TARGETS = {"all": ("in_process_batched", 1.3), "16": ("in_process_batched", 1.6),
+           "1": ("in_process_one_at_a_time", 1.2)}  # fmt: skip
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -37,10 +48,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--population-size", type=int, default=16)
     p.add_argument("--num-subspaces", type=int, default=2)
     p.add_argument("--sigma", type=float, default=0.01)
-    p.add_argument("--tasks", type=int, default=16, help="tasks per member (the batch)")
+    p.add_argument("--tasks", type=int, default=8, help="tasks per member (the batch)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--max-turns", type=int, default=3)
-    p.add_argument("--steps", type=int, default=2, help="steps measured")
+    p.add_argument("--in-flight", nargs="+", default=["1", "4", "16", "all"],
+                   help="sessions a client holds at once (numbers, or all)")  # fmt: skip
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: all cores)")
     p.add_argument("--out", default="benchmarks/results/serve_overhead.json")
     return p.parse_args(argv)
@@ -59,12 +71,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         torch.set_num_threads(args.threads)
     from copes.agents.hf import HFPolicy
     from copes.agents.policy import SamplingConfig
+    from copes.agents.rollout import rollout as play
     from copes.envs.presets import tool_math_env
     from copes.envs.tasks.synthetic_math import synthetic_math_tasks
     from copes.optimizers.batched import BatchedEvaluator
     from copes.optimizers.configs import CoPESConfig
-    from copes.optimizers.es import CoPES
-    from copes.serve import EnvLoop, InProcessHarness, PolicyServer, ServedEvaluator
+    from copes.optimizers.es import CoPES, LocalEvaluator
+    from copes.serve import EnvLoop, HttpHarness, InProcessHarness, PolicyServer, ServedEvaluator
+    from copes.serve.client import ask_tell
     from copes.train import TaskRollout
 
     policy = HFPolicy.from_pretrained(args.model, device="cpu")
@@ -78,74 +92,143 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     sampling = SamplingConfig(args.max_new_tokens, temperature=0.0)
     rollout = TaskRollout(make_env, tasks, args.tasks, 1, sampling, seed=0)
     n = args.population_size
+    sessions = n * args.tasks
     optimizer = CoPES(
         CoPESConfig(population_size=n, num_subspaces=args.num_subspaces, sigma=args.sigma,
                     antithetic=True, seed=0)
     )  # fmt: skip
+    step = 1
+    members = optimizer.ask(step)
+    plan = rollout.population_plan(step, [m.member for m in members])
     local_batches: dict[int, Any] = {}
     local = BatchedEvaluator(
         policy, rollout, n, on_batch=lambda m, b: local_batches.__setitem__(m, b)
     )
     latencies: list[float] = []
-    env_loop = EnvLoop(make_env, pool=n * args.tasks)
+    env_loop = EnvLoop(make_env, pool=sessions)
 
     async def timed_episode(client: Any, model: str, task: dict) -> Any:
         post = client.post  # what copes' env loop sends its turns with
 
-        async def timed(*args: Any, **kwargs: Any) -> Any:
+        async def timed(*a: Any, **kw: Any) -> Any:
             start = time.perf_counter()
-            reply = await post(*args, **kwargs)
+            reply = await post(*a, **kw)
             latencies.append(time.perf_counter() - start)
             return reply
 
         client.post = timed
         return await env_loop(client, model, task)
 
-    server = PolicyServer(policy, sampling)
-    server.start()
-    served = ServedEvaluator(server, InProcessHarness(timed_episode), policy, rollout, n)
-    runs = []
-    try:
-        local.evaluate(0, optimizer.ask(0))  # warm-up of both paths, untimed
-        served.evaluate(0, optimizer.ask(0))
-        for step in range(1, args.steps + 1):
-            members = optimizer.ask(step)
-            latencies.clear()
-            start = time.perf_counter()
-            here = local.evaluate(step, members)
-            local_seconds = time.perf_counter() - start
-            start = time.perf_counter()
-            there = served.evaluate(step, members)
-            served_seconds = time.perf_counter() - start
-            plan = rollout.population_plan(step, [m.member for m in members])
+    rows: dict[str, dict[str, Any]] = {}
+
+    def record(name: str, seconds: float, results: list[Any], served: Any = None) -> None:
+        row: dict[str, Any] = {"seconds": seconds}
+        if results:
+            tokens = sum(r.generated_tokens for r in results)
+            row |= {"generated_tokens": tokens, "tokens_per_second": tokens / seconds}
+        if served is not None:
             same = [
                 session.token_ids == local_batches[e.member][e.index].token_ids
-                for e, session in zip(plan, served.last_served.sessions, strict=True)
+                for e, session in zip(plan, served.sessions, strict=True)
             ]
-            requests = sum(len(s.turns) for s in served.last_served.sessions)
-            tokens = sum(r.generated_tokens for r in there)
-            runs.append({
-                "step": step,
-                "in_process_seconds": local_seconds,
-                "served_seconds": served_seconds,
-                "ratio": served_seconds / local_seconds,
-                "requests": requests,
-                "requests_per_second": requests / served_seconds,
-                "generated_tokens": tokens,
-                "tokens_per_second": tokens / served_seconds,
+            rewards = [
+                session.reward == local_batches[e.member][e.index].reward
+                for e, session in zip(plan, served.sessions, strict=True)
+            ]
+            row |= {
+                "requests": sum(len(s.turns) for s in served.sessions),
                 "turn_latency_p50": percentile(latencies, 0.5),
                 "turn_latency_p95": percentile(latencies, 0.95),
-                "rewards_match": sum(a.reward == b.reward for a, b in zip(here, there, strict=True))
-                / n,
                 "episodes_identical": sum(same) / len(same),
-                "reward_mean": statistics.fmean(r.reward for r in here),
-            })  # fmt: skip
-            print(json.dumps(runs[-1]), flush=True)
+                "rewards_identical": sum(rewards) / len(rewards),
+            }
+        rows[name] = row
+        print(name, json.dumps(row), flush=True)
+
+    def timed(function: Any, *a: Any) -> tuple[float, Any]:
+        latencies.clear()
+        start = time.perf_counter()
+        result = function(*a)
+        return time.perf_counter() - start, result
+
+    # ---- in process
+    local.evaluate(0, optimizer.ask(0))  # warm-up, untimed
+    seconds, results = timed(local.evaluate, step, members)
+    record("in_process_batched", seconds, results)
+    seconds, results = timed(LocalEvaluator(policy, rollout).evaluate, step, members)
+    record("in_process_sequential_members", seconds, results)
+
+    def one_at_a_time() -> int:
+        """The step's episodes, each alone in the loop with its member's weights and stream."""
+        local._load(members)
+        population, tokens = local.population_policy, 0
+        env = make_env()
+        for e in plan:
+            batch = play(
+                population, [env], rollout.sampling_of(step, e.member),
+                options=[{"task": e.task}], max_context=rollout.max_context,
+                assign=lambda _, e=e: population.assign([e.slot], [e.stream], [e.seed]),
+            )  # fmt: skip
+            tokens += batch.stats.generated_tokens
+        return tokens
+
+    seconds, tokens = timed(one_at_a_time)
+    rows["in_process_one_at_a_time"] = {"seconds": seconds, "generated_tokens": tokens,
+                                        "tokens_per_second": tokens / seconds}  # fmt: skip
+    print("in_process_one_at_a_time", json.dumps(rows["in_process_one_at_a_time"]), flush=True)
+
+    # ---- served, deterministic: every session at once (the in-process harness)
+    server = PolicyServer(policy, sampling, schedule="deterministic")
+    server.start()
+    try:
+        served = ServedEvaluator(server, InProcessHarness(timed_episode), policy, rollout, n)
+        served.evaluate(0, optimizer.ask(0))  # warm-up, untimed
+        seconds, results = timed(served.evaluate, step, members)
+        record("served_deterministic_all", seconds, results, served.last_served)
+    finally:
+        server.stop()
+
+    # ---- served, as they come: an HTTP ask/tell client with k sessions in flight
+    server = PolicyServer(policy, sampling, schedule="as-they-come")
+    server.start()
+    try:
+        served = ServedEvaluator(server, HttpHarness(), policy, rollout, n)
+        for label in args.in_flight:
+            k = sessions if label == "all" else int(label)
+            client_error: list[BaseException] = []
+
+            def client(k: int = k, client_error: list = client_error) -> None:
+                try:
+                    asyncio.run(
+                        ask_tell(server.base_url, timed_episode, in_flight=k, sessions=sessions)
+                    )
+                except BaseException as exc:
+                    client_error.append(exc)
+
+            latencies.clear()
+            thread = threading.Thread(target=client, daemon=True)
+            thread.start()
+            start = time.perf_counter()
+            results = served.evaluate(step, members)
+            seconds = time.perf_counter() - start
+            thread.join(timeout=600)
+            if client_error:
+                raise client_error[0]
+            record(f"served_as_they_come_{label}", seconds, results, served.last_served)
     finally:
         server.stop()
         rollout.close()
-    local_total = sum(r["in_process_seconds"] for r in runs)
-    served_total = sum(r["served_seconds"] for r in runs)
+
+    ratios = {}
+    for label in args.in_flight:
+        if label in TARGETS:
+            base, target = TARGETS[label]
+            ratio = rows[f"served_as_they_come_{label}"]["seconds"] / rows[base]["seconds"]
+            ratios[f"{label}_in_flight"] = {"against": base, "ratio": ratio, "target": target,
+                                            "met": ratio <= target}  # fmt: skip
+    fixed = rows["served_deterministic_all"]["seconds"] / rows["in_process_batched"]["seconds"]
+    ratios["deterministic_all"] = {"against": "in_process_batched", "ratio": fixed,
+                                   "target": 1.3, "met": fixed <= 1.3}  # fmt: skip
     result = {
         "benchmark": "serve_overhead",
         "command": "python benchmarks/serve_overhead.py " + " ".join(argv or sys.argv[1:]),
@@ -154,17 +237,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "population_size": n,
         "num_subspaces": args.num_subspaces,
         "tasks_per_member": args.tasks,
-        "steps": args.steps,
-        "ratio": served_total / local_total,
-        "in_process_seconds_per_step": local_total / len(runs),
-        "served_seconds_per_step": served_total / len(runs),
-        "requests_per_second": sum(r["requests"] for r in runs) / served_total,
-        "tokens_per_second": sum(r["generated_tokens"] for r in runs) / served_total,
-        "turn_latency_p50": statistics.fmean(r["turn_latency_p50"] for r in runs),
-        "turn_latency_p95": statistics.fmean(r["turn_latency_p95"] for r in runs),
-        "rewards_match": statistics.fmean(r["rewards_match"] for r in runs),
-        "episodes_identical": statistics.fmean(r["episodes_identical"] for r in runs),
-        "runs": runs,
+        "sessions": sessions,
+        "ratios": ratios,
+        "rows": rows,
         "machine": {
             "platform": platform.platform(),
             "cpus": os.cpu_count(),
@@ -175,14 +250,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
-    print(
-        f"served / in-process step time: {result['ratio']:.3f} "
-        f"({result['requests_per_second']:.1f} requests/s, {result['tokens_per_second']:.0f} "
-        f"tokens/s, turn p50 {result['turn_latency_p50'] * 1000:.0f} ms / p95 "
-        f"{result['turn_latency_p95'] * 1000:.0f} ms); rewards match "
-        f"{result['rewards_match']:.3f}, identical episodes {result['episodes_identical']:.3f}; "
-        f"wrote {out}"
-    )
+    for name, r in ratios.items():
+        print(f"{name}: {r['ratio']:.3f}x {r['against']} (target <= {r['target']}: "
+              f"{'met' if r['met'] else 'NOT met'})")  # fmt: skip
+    print(f"wrote {out}")
     return result
 
 

@@ -21,19 +21,39 @@ drives them with the sessions HTTP clients play. Nothing else runs turns.
 
 A population served as one policy (`PopulationRows`) is told each started episode's member,
 stream and seed through `assign`, in the order the loop runs them.
+
+**Two schedules** decide when an episode's turns join the batch (`EpisodeFeed.schedule`):
+
+- ``deterministic`` (in-process rollouts, in-process harnesses): the loop starts once every
+  episode has its first prompt, and a row whose turn ended re-joins on a schedule fixed by the
+  tokens (after a few decode steps, waiting for its driver if slower). The tokens do not
+  depend on timing, so a served step equals an in-process one bit for bit.
+- ``as-they-come`` (HTTP clients): an episode joins when its first prompt arrives and a row
+  re-joins as soon as what follows its turn is ready, at the next decode step; nothing waits
+  for another episode's client. Each episode still samples from its own stream with its own
+  member, so only the batch's composition (float rounding) can differ from the
+  deterministic schedule.
+
+Either way the loop's thread runs `Interjections` between forward passes: work for callers
+outside the loop (a served policy's sessionless requests), so they never wait for it.
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from copes.agents.policy import Generation, SamplingConfig, TurnPopulation, runs_episodes
 
 Limits = tuple[tuple[str, ...], int]  # a turn's stop strings and its most new tokens
+Schedule = Literal["deterministic", "as-they-come"]
+SCHEDULES: tuple[Schedule, ...] = ("deterministic", "as-they-come")
 
 
 @dataclass(frozen=True)
@@ -66,6 +86,127 @@ def turn_seed(seed: int, turn: int) -> int:
     return seed + 1_000_003 * turn
 
 
+class Interjections:
+    """Work a running loop does on its own thread between forward passes, for callers outside
+    it (a served policy's sessionless requests): each job runs with the model as the policy's
+    own (a population's per-row weights suspended), and its caller waits on a future."""
+
+    def __init__(self) -> None:
+        self._jobs: deque[tuple[Callable[[], Any], Future]] = deque()
+        self._lock = threading.Lock()
+        self.wake: Callable[[], None] = lambda: None  # set by the feed of the running loop
+
+    def submit(self, job: Callable[[], Any]) -> Future:
+        future: Future = Future()
+        with self._lock:
+            self._jobs.append((job, future))
+        self.wake()
+        return future
+
+    def pending(self) -> bool:
+        return bool(self._jobs)
+
+    def run(self) -> None:
+        """Run every job queued so far (a job's exception goes to its caller)."""
+        while True:
+            with self._lock:
+                if not self._jobs:
+                    return
+                job, future = self._jobs.popleft()
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(job())
+            except BaseException as exc:
+                future.set_exception(exc)
+
+
+class EpisodeFeed:
+    """The episodes one loop plays, as their first prompts arrive, and what wakes the loop
+    when it has nothing to compute: an arrival, a driver's finished `after_turn`, an
+    interjection. Episode ``i`` of the feed is the loop's episode ``i`` (its member, its
+    sampling stream); `count` is how many may arrive.
+
+    `suspend` is entered around interjections (a population: its rows' weights off)."""
+
+    def __init__(
+        self,
+        count: int,
+        schedule: Schedule = "deterministic",
+        interjections: Interjections | None = None,
+    ) -> None:
+        if schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+        self.count = count
+        self.schedule = schedule
+        self.interjections = interjections
+        self.suspend: Callable[[], AbstractContextManager[Any]] = nullcontext
+        self._arrived: deque[tuple[int, list[int]]] = deque()
+        self._settled = 0  # episodes that arrived or never will
+        self._signal = threading.Condition()
+        self._woken = False
+        if interjections is not None:
+            interjections.wake = self.wake
+
+    @classmethod
+    def of(cls, prompts: Sequence[Sequence[int]], **kwargs: Any) -> EpisodeFeed:
+        """A feed whose every episode has arrived (episode i: prompts[i])."""
+        feed = cls(len(prompts), **kwargs)
+        for index, prompt in enumerate(prompts):
+            feed.arrive(index, prompt)
+        return feed
+
+    @property
+    def as_they_come(self) -> bool:
+        return self.schedule == "as-they-come"
+
+    def arrive(self, index: int, prompt: Sequence[int] | None) -> None:
+        """Episode `index`'s first prompt (None: it never starts)."""
+        with self._signal:
+            if prompt is not None:
+                self._arrived.append((index, list(prompt)))
+            self._settled += 1
+            self._woken = True
+            self._signal.notify_all()
+
+    def take(self) -> list[tuple[int, list[int]]]:
+        """The episodes that arrived since the last call, in arrival order."""
+        with self._signal:
+            taken = list(self._arrived)
+            self._arrived.clear()
+        return taken
+
+    @property
+    def open(self) -> bool:
+        """Whether an episode may still arrive."""
+        return self._settled < self.count
+
+    def wake(self, *_: Any) -> None:
+        with self._signal:
+            self._woken = True
+            self._signal.notify_all()
+
+    def wait(self, timeout: float = 0.5) -> None:
+        """Until something wakes the loop (or `timeout`), running interjections meanwhile."""
+        self.interject()
+        with self._signal:
+            if not self._woken:
+                self._signal.wait(timeout)
+            self._woken = False
+        self.interject()
+
+    def interject(self) -> None:
+        """Run the interjections queued so far (between two forward passes)."""
+        if self.interjections is not None and self.interjections.pending():
+            with self.suspend():
+                self.interjections.run()
+
+    def wait_for(self, done: Callable[[], bool]) -> None:
+        """Until `done()` holds, running interjections meanwhile."""
+        while not done():
+            self.wait()
+
+
 @dataclass
 class LoopStats:
     """What one `play_episodes` did: its seconds, the seconds spent generating (the whole
@@ -88,28 +229,41 @@ def play_episodes(
     threads: int = 16,
     continuous: bool = True,
     assign: Callable[[list[int]], None] | None = None,
+    schedule: Schedule = "deterministic",
+    interjections: Interjections | None = None,
 ) -> LoopStats:
     """Run every driver's episode to its end (see the module docstring).
 
     `continuous` False runs turn by turn even with a policy that has its own loop;
-    `assign(started)` is called with the indices of the drivers that started, in the
-    order the loop runs them, before anything is generated (a population's rows)."""
+    `assign(started)` is told the indices of the drivers the loop runs as episodes 0, 1, ...,
+    before anything is generated (a population's rows): with the deterministic schedule,
+    the drivers that started, in order; as they come, every driver (one that never starts
+    is never run). Drivers start in `threads` threads (a served session's start waits for its
+    client's first request), and the loop runs `interjections` while it waits and between
+    its forward passes."""
     stats = LoopStats()
     start = time.perf_counter()
-    started, prompts = [], []
-    for index, driver in enumerate(drivers):
-        prompt = driver.start()
-        if prompt is not None:
-            started.append(index)
-            prompts.append(list(prompt))
-    if started:
-        if assign is not None:
-            assign(started)
-        active = [drivers[i] for i in started]
-        if continuous and runs_episodes(policy):
-            _in_policy_loop(policy, active, prompts, sampling, threads, stats)
-        else:
-            _turn_by_turn(policy, active, prompts, sampling, threads, stats)
+    feed = EpisodeFeed(len(drivers), schedule, interjections)
+    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(drivers)))) as starts:
+        for index, driver in enumerate(drivers):
+            arrived = starts.submit(driver.start)
+            arrived.add_done_callback(lambda f, i=index: feed.arrive(i, f.result()))
+        if feed.as_they_come:
+            active = list(drivers)
+            if assign is not None:
+                assign(list(range(len(drivers))))
+        else:  # every episode's first prompt, then the loop, in driver order
+            feed.wait_for(lambda: not feed.open)
+            arrived = sorted(feed.take())
+            if assign is not None and arrived:
+                assign([i for i, _ in arrived])
+            active = [drivers[i] for i, _ in arrived]
+            feed = EpisodeFeed.of([p for _, p in arrived], interjections=interjections)
+        if active:
+            if continuous and runs_episodes(policy):
+                _in_policy_loop(policy, active, feed, sampling, threads, stats)
+            else:
+                _turn_by_turn(policy, active, feed, sampling, threads, stats)
     stats.seconds = time.perf_counter() - start
     return stats
 
@@ -117,7 +271,7 @@ def play_episodes(
 def _in_policy_loop(
     policy: Any,
     drivers: list[EpisodeDriver],
-    prompts: list[list[int]],
+    feed: EpisodeFeed,
     sampling: SamplingConfig,
     threads: int,
     stats: LoopStats,
@@ -131,15 +285,14 @@ def _in_policy_loop(
         spent.append(time.perf_counter() - begin)
         return following
 
-    limits = [driver.limits() for driver in drivers]
-    per_episode = any(limit is not None for limit in limits)
-
     def turn_limits(index: int) -> Limits:
         return drivers[index].limits() or (sampling.stop, sampling.max_new_tokens)
 
+    # Per-episode limits (served sessions) are read at every token; else the sampling's.
+    per_episode = feed.as_they_come or any(driver.limits() is not None for driver in drivers)
     begin = time.perf_counter()
     engine = policy.generate_episodes(
-        prompts, replace(sampling, stop=()) if per_episode else sampling, next_turn,
+        feed, replace(sampling, stop=()) if per_episode else sampling, next_turn,
         threads=max(1, min(threads, len(drivers))),
         **({"turn_limits": turn_limits} if per_episode else {}),
     )  # fmt: skip
@@ -152,26 +305,54 @@ def _in_policy_loop(
 def _turn_by_turn(
     policy: Any,
     drivers: list[EpisodeDriver],
-    prompts: list[list[int]],
+    feed: EpisodeFeed,
     sampling: SamplingConfig,
     threads: int,
     stats: LoopStats,
 ) -> None:
-    """One batched call per turn (and per distinct turn limits) over the unfinished
-    episodes, then their drivers' `after_turn` in parallel threads."""
-    sequences: dict[int, list[int]] = dict(enumerate(prompts))
+    """Batched calls over the episodes whose next prompt is ready, one per distinct (turn
+    limits, turn number); each driver's `after_turn` in a worker thread. With the
+    deterministic schedule a turn's batch waits for every unfinished episode (one call per
+    turn and limits); as they come, whatever is ready is generated at once."""
+    ready: dict[int, list[int]] = {}  # episode -> its next prompt
+    turn_of: dict[int, int] = {}  # episode -> the turn it plays next
+    pending: dict[int, tuple[Future, list[int]]] = {}  # after_turn running: (its future, seq)
     population = isinstance(policy, TurnPopulation)
-    turn = 0
+    spent: list[float] = []
+
+    def after(index: int, generation: Generation) -> Sequence[int] | Reprompt | None:
+        begin = time.perf_counter()
+        following = drivers[index].after_turn(generation)
+        spent.append(time.perf_counter() - begin)
+        return following
+
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(drivers)))) as pool:
-        while sequences:
-            groups: dict[Limits, list[int]] = {}
-            for index in sequences:
+        while True:
+            feed.interject()
+            for index, prompt in feed.take():
+                ready[index], turn_of[index] = prompt, 0
+            for index in [i for i, (future, _) in pending.items() if future.done()]:
+                future, sequence = pending.pop(index)
+                follow = future.result()
+                if isinstance(follow, Reprompt):
+                    ready[index] = list(follow.ids)
+                elif follow is not None:
+                    ready[index] = [*sequence, *follow]
+                else:
+                    continue
+                turn_of[index] += 1
+            if not ready or (pending and not feed.as_they_come):
+                if not ready and not pending and not feed.open:
+                    break
+                feed.wait()
+                continue
+            groups: dict[tuple[Limits, int], list[int]] = {}
+            for index in sorted(ready):
                 limit = drivers[index].limits() or (sampling.stop, sampling.max_new_tokens)
-                groups.setdefault(limit, []).append(index)
-            generated: dict[int, Generation] = {}
-            for (stops, length), indices in groups.items():
+                groups.setdefault((limit, turn_of[index]), []).append(index)
+            for ((stops, length), turn), indices in groups.items():
                 rows = replace(sampling, stop=stops, max_new_tokens=length)
-                batch = [sequences[i] for i in indices]
+                batch = [ready.pop(i) for i in indices]
                 begin = time.perf_counter()
                 if population:  # each row samples as its member alone would
                     generations = policy.generate_turn(batch, rows, indices, turn)
@@ -181,17 +362,8 @@ def _turn_by_turn(
                     generations = policy.generate_ids(batch, rows)
                 stats.generation_seconds += time.perf_counter() - begin
                 stats.generate_calls += 1
-                generated.update(zip(indices, generations, strict=True))
-            order = sorted(generated)
-            begin = time.perf_counter()
-            turns = [(drivers[i], generated[i]) for i in order]
-            follows = list(pool.map(lambda pair: pair[0].after_turn(pair[1]), turns))
-            stats.after_turn_seconds += time.perf_counter() - begin
-            following: dict[int, list[int]] = {}
-            for index, follow in zip(order, follows, strict=True):
-                if isinstance(follow, Reprompt):
-                    following[index] = list(follow.ids)
-                elif follow is not None:
-                    following[index] = [*sequences[index], *generated[index].token_ids, *follow]
-            sequences = following
-            turn += 1
+                for index, prompt, generation in zip(indices, batch, generations, strict=True):
+                    future = pool.submit(after, index, generation)
+                    future.add_done_callback(feed.wake)
+                    pending[index] = (future, [*prompt, *generation.token_ids])
+    stats.after_turn_seconds += sum(spent)

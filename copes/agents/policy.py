@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from copes.agents.chat import ChatFormat
+    from copes.agents.episodes import EpisodeFeed
 
 FinishReason = Literal["stop", "eos", "length"]
 
@@ -204,13 +205,14 @@ class EpisodeRunner(Protocol):
 
     def generate_episodes(
         self,
-        prompts: Sequence[Sequence[int]],
+        prompts: Sequence[Sequence[int]] | EpisodeFeed,
         sampling: SamplingConfig,
         next_turn: Callable[[int, Generation], Sequence[int] | None],
         *,
         threads: int = 16,
     ) -> dict[str, float]:
-        """Generate turns for every prompt until its episode ends.
+        """Generate turns for every prompt until its episode ends (an `EpisodeFeed`: its
+        episodes as they arrive, on its schedule, running its interjections).
 
         After each turn of episode ``i`` the policy calls ``next_turn(i, generation)`` (from
         worker threads, at most ``threads`` at once, never twice at once for one episode):

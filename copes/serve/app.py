@@ -6,7 +6,7 @@ session and for the current policy, and copes' ask/tell routes.
     POST /v1/chat/completions               the current policy, unrecorded (policy@VERSION)
     POST /v1/completions                    the same, for a text prompt
     GET  /v1/models                         the current policy and the open step's members
-    POST /copes/v1/ask                      {"max_sessions": k} -> the open step's work
+    POST /copes/v1/ask                      {"max_sessions": k, "client": name?} -> work
     POST /copes/v1/sessions/{session}/reward  {"reward": r} (+ correct, tool_calls, end_reason)
     GET  /copes/v1/sessions/{session}       what was recorded (token ids, log-probs, turns)
     GET  /copes/v1/status                   run, policy version, the open step's progress
@@ -92,14 +92,25 @@ def create_app(server: Any) -> Any:
         future = session.submit(
             turn, server.chat, server.max_context, server.sampling.max_new_tokens
         )
-        left = max(0.0, served.deadline - time.monotonic())
+        to_deadline = max(0.0, served.deadline - time.monotonic())
+        left = min(to_deadline, server.request_timeout)
         try:  # the reply as it was recorded: no model validation on the way out
-            return JSONResponse(await asyncio.wait_for(asyncio.wrap_future(future), timeout=left))
+            reply = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), left)
+            return JSONResponse(reply)
         except asyncio.TimeoutError:
+            if left >= to_deadline:
+                raise ServeError(
+                    504,
+                    f"step {served.step} passed its deadline (--step-timeout) before this "
+                    "turn was generated",
+                    code="step_timeout",
+                ) from None
             raise ServeError(
                 504,
-                f"step {served.step} passed its deadline before this turn was generated",
-                code="step_timeout",
+                f"not generated within --request-timeout ({server.request_timeout:g} s): "
+                f"{served.waiting_reason(server.schedule)}; the turn stays queued (a retry "
+                "of the same request waits for it)",
+                code="request_timeout",
             ) from None
 
     # Every turn of training comes here: a plain Starlette route, without FastAPI's
@@ -132,12 +143,22 @@ def create_app(server: Any) -> Any:
         limit = body.get("max_sessions", 1) if isinstance(body, dict) else None
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
             raise ServeError(400, "max_sessions must be a positive integer", param="max_sessions")
+        client = body.get("client")
+        if client is not None and not isinstance(client, str):
+            raise ServeError(400, "client must be a name (a string) or absent", param="client")
+        if client is None:  # named by its address in a failed step's message
+            peer = request.client
+            client = f"{peer.host}:{peer.port}" if peer is not None else "an unnamed client"
+        else:
+            client = f"client {client!r}"
         served = server.open
+        if server.failure is not None:  # a step failed: the run stops, no more work
+            return {"done": True, "step": None, "work": [], "error": server.failure}
         if server.finished:
             return {"done": True, "step": None, "work": []}
         if served is None or served.failed is not None:
             return {"done": False, "step": None, "work": [], "retry_after": 0.5}
-        work = [server.work_item(s) for s in served.claim(limit)]
+        work = [server.work_item(s) for s in served.claim(limit, client)]
         return {
             "done": False,
             "step": served.step,

@@ -1,22 +1,31 @@
 """`PolicyServer`: a copes policy, its population and its open step behind one endpoint.
 
 The server object is the state both sides share: the trainer opens and closes steps on it
-(`open_step`, `close_step`), the HTTP app (`copes.serve.app`) reads requests into it. The
-model is used by one generation at a time (`model_lock`): a served step's episode loop, or a
-sessionless request for the current policy between steps.
+(`open_step`, `close_step`), the HTTP app (`copes.serve.app`) reads requests into it.
+
+Who uses the model when. The trainer holds `model_lock` while it changes the weights (a
+step's members loaded, an update) and while a served step's episode loop runs. A sessionless
+request for the current policy never waits for a step: while a loop runs it is interjected
+into it (generated on the loop's thread between two forward passes, with the policy's own
+weights: `copes.agents.episodes.Interjections`); otherwise it takes the lock, waiting only
+for weights that are being changed, and is refused as stale if they changed meanwhile.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import logging
+import secrets
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from concurrent.futures import TimeoutError as FutureTimeout
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
+from copes.agents.episodes import SCHEDULES, Interjections, Schedule
 from copes.agents.policy import SamplingConfig
 from copes.serve.names import member_name, new_run_id, parse_model_name, policy_name
 from copes.serve.sessions import Session
@@ -26,6 +35,7 @@ from copes.serve.wire import ServeError, TurnRequest, context_error, turn_reply
 logger = logging.getLogger(__name__)
 
 STEP_TIMEOUT = 1800.0  # seconds a step waits for all of its rewards (--step-timeout)
+REQUEST_TIMEOUT = 600.0  # seconds a request waits for its reply (--request-timeout)
 
 
 def is_loopback(host: str) -> bool:
@@ -49,6 +59,10 @@ class PolicyServer:
             OpenAI `tool_calls` when a request sends `tools`.
         api_key: required as ``Authorization: Bearer KEY`` when set.
         step_timeout: seconds a step waits for every reward before it fails.
+        request_timeout: seconds a request waits for its reply before a 504 says why.
+        schedule: when a step's turns join the batch (`copes.agents.episodes`):
+            ``as-they-come`` (any client) or ``deterministic`` (every session at once; the
+            in-process tokens bit for bit).
     """
 
     def __init__(
@@ -60,8 +74,14 @@ class PolicyServer:
         step_timeout: float = STEP_TIMEOUT,
         max_context: int | None = None,
         run_id: str | None = None,
+        request_timeout: float = REQUEST_TIMEOUT,
+        schedule: str = "deterministic",
     ) -> None:
+        if schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
         self.policy = policy
+        self.request_timeout = request_timeout
+        self.schedule: Schedule = "as-they-come" if schedule == "as-they-come" else "deterministic"
         self.max_context = max_context or policy.max_context
         self.chat = policy.chat
         self.sampling = sampling
@@ -70,7 +90,10 @@ class PolicyServer:
         self.step_timeout = step_timeout
         self.run_id = run_id or new_run_id()
         self.policy_version = 0
-        self.model_lock = threading.Lock()
+        self.model_lock = threading.RLock()  # the trainer's thread, while weights may change
+        self._loop_guard = threading.Lock()
+        self._interjections: Interjections | None = None  # set while a step's loop runs
+        self.failure: str | None = None  # why the run stopped, when a step failed
         self.open: ServedStep | None = None
         self.last_step = -1  # the newest step opened for training
         self.finished = False  # no more work: clients asking are told to stop
@@ -107,8 +130,25 @@ class PolicyServer:
         """The step is over: its sessions and member names stop working. (The policy's
         version is the trainer's to move, after an update: `policy_version`.)"""
         served.closed = True
+        if served.failed is not None:
+            self.failure = served.failed.message
         if self.open is served:
             self.open = None
+
+    @contextmanager
+    def loop_running(self) -> Iterator[Interjections]:
+        """While a served step's episode loop runs (its thread holds `model_lock`), the
+        sessionless requests it runs between forward passes; those queued after its last
+        look run here, before the lock is given up."""
+        interjections = Interjections()
+        with self._loop_guard:
+            self._interjections = interjections
+        try:
+            yield interjections
+        finally:
+            with self._loop_guard:
+                self._interjections = None
+            interjections.run()
 
     # ------------------------------------------------------------------ request side
     def session(self, session_id: str) -> Session:
@@ -208,9 +248,43 @@ class PolicyServer:
         limit = request.max_tokens or self.sampling.max_new_tokens
         if not ids or len(ids) + limit > self.max_context:
             raise context_error(len(ids), limit, self.max_context, param)
-        sampling = replace(self.sampling, max_new_tokens=limit, stop=request.stop, seed=None)
-        with self.model_lock:
+        # A seed of its own: sampling never touches the global generator the run may use.
+        sampling = replace(
+            self.sampling, max_new_tokens=limit, stop=request.stop, seed=secrets.randbits(62)
+        )
+
+        def generate() -> Any:
+            self.check_model(request, None)  # the weights may have changed while it waited
             return self.policy.generate_ids([ids], sampling)[0]
+
+        deadline = time.monotonic() + self.request_timeout
+        while True:
+            with self._loop_guard:
+                loop = self._interjections
+                future = None if loop is None else loop.submit(generate)
+            if future is not None:  # a step's loop runs it between two forward passes
+                try:
+                    return future.result(timeout=max(0.0, deadline - time.monotonic()))
+                except FutureTimeout:
+                    future.cancel()
+                    raise ServeError(
+                        504,
+                        f"not generated within --request-timeout ({self.request_timeout:g} s): "
+                        "the open step's episode loop did not reach it",
+                        code="request_timeout",
+                    ) from None
+            if self.model_lock.acquire(timeout=0.05):
+                try:
+                    return generate()
+                finally:
+                    self.model_lock.release()
+            if time.monotonic() > deadline:
+                raise ServeError(
+                    504,
+                    f"not generated within --request-timeout ({self.request_timeout:g} s): the "
+                    "trainer was changing the policy's weights all that time",
+                    code="request_timeout",
+                )
 
     def generate_policy(self, request: TurnRequest) -> dict[str, Any]:
         """A sessionless chat turn of the current policy (not recorded)."""

@@ -90,7 +90,7 @@ class Session:
         self.correct: bool | None = None
         self.tool_calls: int | None = None  # as the harness counted them, when it says
         self.end_reason: str | None = None
-        self.claimed = False
+        self.claimed_by: str | None = None  # the client it was handed to (ask/tell)
         # The episode's token record: every id, which ones were sampled, their log-probs.
         self.token_ids: list[int] = []
         self.sampled_mask: list[int] = []

@@ -12,6 +12,7 @@ from __future__ import annotations
 import secrets
 import threading
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -76,13 +77,26 @@ class ServedStep:
         self._unclaimed = list(self.sessions)
         self._claim_lock = threading.Lock()
 
-    def claim(self, limit: int) -> list[Session]:
-        """Up to `limit` sessions no client has been given yet (ask/tell over HTTP)."""
+    def claim(self, limit: int, by: str) -> list[Session]:
+        """Up to `limit` sessions no client has been given yet (ask/tell over HTTP), for the
+        client `by` (named in the step's failure if it never rewards them)."""
         with self._claim_lock:
             taken, self._unclaimed = self._unclaimed[:limit], self._unclaimed[limit:]
         for session in taken:
-            session.claimed = True
+            session.claimed_by = by
         return taken
+
+    def waiting_reason(self, schedule: str) -> str:
+        """Why a turn of this step may not have been generated yet (for a request's 504)."""
+        silent = sum(1 for s in self.sessions if not s.turns and s.inflight is None and not s.ended)
+        if schedule == "deterministic" and silent:
+            return (
+                f"the deterministic schedule starts step {self.step} once all of its "
+                f"{len(self.sessions)} sessions have sent a first request, and {silent} have "
+                "not: play a step's sessions at once, or serve with --turn-schedule as-they-come"
+            )
+        busy = sum(1 for s in self.sessions if s.inflight is not None)
+        return f"the episode loop was generating {busy} sessions' turns"
 
     def session_ended(self) -> None:
         with self._done:
@@ -109,10 +123,23 @@ class ServedStep:
                     break
                 self._done.wait(timeout=min(left, 1.0))
         if self.failed is None and self._ended < len(self.sessions):
-            missing = [s.id for s in self.sessions if not s.ended]
-            self.fail(
-                f"{len(missing)} of {len(self.sessions)} sessions posted no reward "
-                f"within {self.timeout:g} s (e.g. {missing[:3]})"
-            )
+            self.fail(self._missing())
         if self.failed is not None:
             raise StepFailed(f"{self.failed.message}; no update was applied")
+
+    def _missing(self) -> str:
+        """Which sessions have no reward at the deadline: never asked for, or taken (by
+        whom) and never rewarded."""
+        missing = [s for s in self.sessions if not s.ended]
+        never = sum(1 for s in missing if s.claimed_by is None)
+        owners = Counter(s.claimed_by for s in missing if s.claimed_by is not None)
+        parts = []
+        if never:
+            parts.append(f"{never} never asked for (POST /copes/v1/ask hands them out)")
+        if owners:
+            taken = ", ".join(f"{n} by {who}" for who, n in owners.most_common())
+            parts.append(f"{sum(owners.values())} taken and never rewarded ({taken})")
+        return (
+            f"{len(missing)} of {len(self.sessions)} sessions have no reward after "
+            f"--step-timeout {self.timeout:g} s: {'; '.join(parts)}"
+        )

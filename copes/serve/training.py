@@ -136,6 +136,8 @@ def _serve_step(
     every reward. Raises `StepFailed` (and applies nothing) when it fails."""
     harness.start(server, served)
     try:
+        if not isinstance(harness, HttpHarness):  # named if the step fails
+            served.claim(len(served.sessions), "the in-process harness")
         drivers = [
             SessionDriver(s, served.deadline, server.chat, server.call_format)
             for s in served.sessions
@@ -150,10 +152,13 @@ def _serve_step(
                     [s.slot for s in rows], [s.stream or 0 for s in rows], [s.seed for s in rows]
                 )
 
-        with server.model_lock:  # every session waits on its client: one thread each
+        # Every session waits on its client: one thread each. Sessionless requests are
+        # interjected into the loop while it runs.
+        with server.model_lock, server.loop_running() as interjections:
             loop = play_episodes(
-                engine_policy, drivers, sampling, threads=len(drivers), assign=assign
-            )
+                engine_policy, drivers, sampling, threads=len(drivers), assign=assign,
+                schedule=server.schedule, interjections=interjections,
+            )  # fmt: skip
         stats = {"seconds": loop.seconds, "generate_calls": float(loop.generate_calls),
                  **loop.engine}  # fmt: skip
         served.wait_rewards()

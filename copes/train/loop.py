@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -128,7 +129,8 @@ class Trainer:
             harness = InProcessHarness(load_harness(c.harness))  # type: ignore[arg-type]
         server = PolicyServer(
             self.policy, sampling, self.call_format, c.api_key, c.step_timeout,
-            max_context=c.max_context,
+            max_context=c.max_context, request_timeout=c.request_timeout,
+            schedule=c.turn_schedule or "deterministic",
         )  # fmt: skip
         return server, harness
 
@@ -161,10 +163,12 @@ class Trainer:
         try:
             while not self.budget.exhausted(c):
                 step = self.budget.steps
-                stats = self.optimizer.step(self.policy, self.train_rollout, step)
-                self.budget.steps += 1
-                if self.server is not None:  # the weights changed: the policy's new name
-                    self.server.policy_version = self.budget.steps
+                # Served: no sessionless request sees the weights while the step changes them
+                with self.server.model_lock if self.server else nullcontext():
+                    stats = self.optimizer.step(self.policy, self.train_rollout, step)
+                    self.budget.steps += 1
+                    if self.server is not None:  # the weights changed: the policy's new name
+                        self.server.policy_version = self.budget.steps
                 self.budget.tokens += stats.generated_tokens
                 self.budget.seconds = start_seconds + time.perf_counter() - clock
                 if self.optimizer.replays:  # the replay log: on disk before anything else

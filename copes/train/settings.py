@@ -19,7 +19,7 @@ RESUMABLE_CHANGES = frozenset(
         "report_to",
         "eval_every", "checkpoint_every", "keep_checkpoints", "workers", "ray_address",
         "checksum_every", "gpu_memory_utilization", "population_eval",
-        "host", "port", "api_key", "step_timeout",  # where and how long the server waits
+        "host", "port", "api_key", "step_timeout", "request_timeout",  # the server's waits
     }
 )  # fmt: skip
 # Each preset env's tasks when no --benchmark is given (other envs: a benchmark registered
@@ -143,6 +143,17 @@ class TrainConfig:
         "stops (no partial update)",
         1800.0,
     )
+    request_timeout: float = flag(
+        "with --harness: seconds a request waits for its reply before an HTTP 504 says why",
+        600.0,
+    )
+    turn_schedule: str | None = flag(
+        "with --harness: when served turns join the batch: as-they-come (each at the next "
+        "decode step; any client, sequential or concurrent) or deterministic (a step starts "
+        "once every session has sent its first request; tokens equal in-process rollouts "
+        "bit for bit) (default: as-they-come with --harness http, else deterministic)",
+        None,
+    )
 
     def __post_init__(self) -> None:
         get_optimizer(self.optimizer)  # unknown names fail here, listing the table
@@ -192,6 +203,8 @@ class TrainConfig:
             )
         if self.harness is not None:
             self._check_harness()
+        elif self.turn_schedule is not None:
+            raise ValueError("--turn-schedule sets how served turns are batched: add --harness")
         if self.population_eval not in ("sequential", "batched"):
             raise ValueError(
                 f"unknown --population-eval {self.population_eval!r}; choose sequential or batched"
@@ -214,6 +227,16 @@ class TrainConfig:
                              "--workers 0")  # fmt: skip
         if self.step_timeout <= 0:
             raise ValueError(f"--step-timeout must be positive, got {self.step_timeout}")
+        if self.request_timeout <= 0:
+            raise ValueError(f"--request-timeout must be positive, got {self.request_timeout}")
+        from copes.agents.episodes import SCHEDULES
+
+        if self.turn_schedule is None:
+            self.turn_schedule = "as-they-come" if self.harness == "http" else "deterministic"
+        if self.turn_schedule not in SCHEDULES:
+            raise ValueError(
+                f"--turn-schedule {self.turn_schedule!r}: expected one of {', '.join(SCHEDULES)}"
+            )
         if not 0 <= self.port < 65536:
             raise ValueError(f"--port must be in [0, 65535], got {self.port}")
         if self.api_key is None:

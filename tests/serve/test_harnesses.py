@@ -67,7 +67,12 @@ def test_the_docs_agent_trains_in_process_and_over_ask_tell_to_the_same_weights(
     port = _free_port()
     status: list[int] = []
     server = threading.Thread(
-        target=lambda: status.append(serve_main(_flags(remote, "--port", str(port), *sampled)))
+        target=lambda: status.append(
+            # the deterministic schedule: the in-process harness's tokens, bit for bit
+            serve_main(
+                _flags(remote, "--port", str(port), "--turn-schedule", "deterministic", *sampled)
+            )
+        )
     )
     server.start()
     client = subprocess.run(

@@ -145,7 +145,11 @@ def test_a_step_missing_rewards_fails_whole_and_updates_nothing(tiny_policy, mak
     )
     before = tiny_policy.weights().checksum()
     try:
-        with pytest.raises(StepFailed, match=r"4 of 4 sessions posted no reward within 1.5 s"):
+        with pytest.raises(
+            StepFailed,
+            match=r"4 of 4 sessions have no reward after --step-timeout 1.5 s: "
+            r"4 never asked for .*no update was applied",
+        ):
             optimizer.step(tiny_policy, rollout, 0)
     finally:
         server.stop()
@@ -183,6 +187,9 @@ def test_bad_harness_flags_are_one_line_errors(capsys):
         (["--harness", "justaname"], "expected module:function"),
         (["--harness", "env", "--workers", "2"], "--workers 0"),
         (["--harness", "env", "--step-timeout", "0"], "--step-timeout must be positive"),
+        (["--harness", "env", "--request-timeout", "0"], "--request-timeout must be positive"),
+        (["--harness", "http", "--turn-schedule", "fast"], "expected one of deterministic"),
+        (["--turn-schedule", "as-they-come"], "add --harness"),
     ]:
         assert train_main([*flags, "--steps", "1"]) == 2
         err = capsys.readouterr().err.strip().splitlines()

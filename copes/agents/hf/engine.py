@@ -8,10 +8,16 @@ decoding; the row then re-joins with the tokens that follow its turn (tool outpu
 next assistant header) prefilled into its cache. Rows never wait for the longest row of a
 turn, and turns of different episodes overlap with each other and with tool calls.
 
-Determinism. The schedule depends only on the tokens: a row whose turn ended during decode
-step ``s`` re-joins before step ``s + 1 + TOOL_OVERLAP_STEPS``, after its `next_turn` has
-returned (waiting for it if it is slower than that), never "whenever its tool happens to be
-done". Each episode samples from its own random stream (`copes.agents.sampling`), seeded by
+Determinism. With the deterministic schedule (`copes.agents.episodes.EpisodeFeed`) the
+schedule depends only on the tokens: a row whose turn ended during decode step ``s``
+re-joins before step ``s + 1 + TOOL_OVERLAP_STEPS``, after its `next_turn` has returned
+(waiting for it if it is slower than that), never "whenever its tool happens to be done".
+As they come (served HTTP clients), episodes join when their first prompt arrives and a row
+re-joins at the first decode step after its `next_turn` returned: no row waits for another.
+A row that waits for its `next_turn` keeps its KV cache (outside the batch) until it
+re-joins or its episode ends.
+
+Each episode samples from its own random stream (`copes.agents.sampling`), seeded by
 (seed, episode index). So a seeded run is reproducible run to run on the same machine, and
 an episode's tokens depend on its own stream and logits only; logits themselves can differ
 in the last bits with the batch's composition (as in any batched inference), which can very
@@ -29,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from copes.agents.episodes import Reprompt
+from copes.agents.episodes import EpisodeFeed, Reprompt
 from copes.agents.hf.kv_batch import KVBatch, SlotBatch
 from copes.agents.policy import FinishReason, Generation, SamplingConfig
 from copes.agents.sampling import chosen_logprobs, sample_tokens, stream
@@ -68,6 +74,7 @@ class _Group:
     episodes: list[_Episode]
     cache: KVBatch
     futures: list[Future]
+    waited: float = 0.0  # seconds the loop waited for their `next_turn`s
 
 
 class _StopCheck:
@@ -120,29 +127,40 @@ class EpisodeEngine:
 
     # ------------------------------------------------------------------ the loop
     @torch.no_grad()
-    def run(self, prompts: Sequence[Sequence[int]], threads: int) -> dict[str, float]:
+    def run(
+        self, episodes: Sequence[Sequence[int]] | EpisodeFeed, threads: int
+    ) -> dict[str, float]:
+        """Play the feed's episodes (a list of prompts: all arrived, deterministic)."""
         from copes.seeding import derive_seed
 
         start = time.perf_counter()
+        feed = episodes if isinstance(episodes, EpisodeFeed) else EpisodeFeed.of(episodes)
         seed = self.sampling.seed
         if seed is None:  # one draw from the global generator, as `generate` would make
             seed = int(torch.randint(2**62, (1,)).item())
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("every prompt needs at least one token")
         seeds = self.streams or [
-            derive_seed("episode-sampling", seed, i) for i in range(len(prompts))
+            derive_seed("episode-sampling", seed, i) for i in range(feed.count)
         ]
-        if len(seeds) != len(prompts) or (self.members and len(self.members) != len(prompts)):
+        if len(seeds) != feed.count or (self.members and len(self.members) != feed.count):
             raise ValueError("one member and one stream per prompt")
-        fresh = deque(
-            _Episode(i, list(p), stream(seeds[i]), list(p)) for i, p in enumerate(prompts)
-        )
+        self.feed = feed
+        fresh: deque[_Episode] = deque()
         running: list[_Episode] = []  # in the order of their slots in `batch`
-        self.capacity = min(self.policy.batch_size, len(prompts))
+        self.capacity = max(1, min(self.policy.batch_size, feed.count))
         batch = SlotBatch(self.capacity, self.device)
         waiting: deque[_Group] = deque()
         with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
-            while fresh or running or waiting:
+            while True:
+                feed.interject()  # sessionless requests, between two forward passes
+                for index, prompt in feed.take():
+                    if not prompt:
+                        raise ValueError("every prompt needs at least one token")
+                    fresh.append(_Episode(index, prompt, stream(seeds[index]), list(prompt)))
+                if not (fresh or running or waiting):
+                    if not feed.open:
+                        break
+                    feed.wait()
+                    continue
                 joining, parts = self._admit(waiting, fresh, len(running))
                 if joining:  # prefill their prompts, or what followed their last turn
                     joined = KVBatch.concat(parts)
@@ -159,6 +177,8 @@ class EpisodeEngine:
                         batch.add(joined.take(stay) if leave else joined)
                         running.extend(joining[r] for r in stay)
                 if not running:
+                    if not self.progressed:  # every row waits for its next turn (as they come)
+                        feed.wait()
                     continue
                 self._select(running)
                 logits = batch.forward(self.model, [e.feed[0] for e in running])
@@ -176,50 +196,89 @@ class EpisodeEngine:
     def _admit(
         self, waiting: deque[_Group], fresh: deque[_Episode], running: int
     ) -> tuple[list[_Episode], list[KVBatch]]:
-        """Rows that join before the next decode step: the groups whose turn has come, in
-        the order they left (the oldest one regardless when nothing else would run), then
-        new episodes while the batch has room."""
+        """Rows that join before the next decode step: continuing episodes first (see
+        `_due`), then new episodes while the batch has room."""
         room = self.capacity - running
         joining: list[_Episode] = []
         parts: list[KVBatch] = []
-        while waiting and len(waiting[0].episodes) <= room - len(joining):
-            group = waiting[0]
-            idle = not running and not joining and not fresh
-            if group.ready_step > self.stats["decode_steps"] and not idle:
-                break
-            waiting.popleft()
-            wait_start = time.perf_counter()
-            follows = [future.result() for future in group.futures]
-            self.stats["tool_wait_seconds"] += time.perf_counter() - wait_start
+        due = self._due(waiting, fresh, running, room)
+        self.progressed = bool(due)  # rows re-joined or ended: the loop moved on
+        for group, rows in due:
+            follows = [group.futures[r].result() for r in rows]
+            self.stats["tool_wait_seconds"] += group.waited
+            cache = group.cache.take(rows) if len(rows) < len(group.episodes) else group.cache
+            episodes = [group.episodes[r] for r in rows]
             bridged = [i for i, f in enumerate(follows) if f is not None]
             restarted = [i for i in bridged if isinstance(follows[i], Reprompt)]
             bridged = [i for i in bridged if not isinstance(follows[i], Reprompt)]
             for i in bridged:
-                episode = group.episodes[i]
+                episode = episodes[i]
                 # The turn's last token was chosen but never fed: it leads the prefill.
                 episode.feed = [episode.turn_ids[-1], *follows[i]]
                 episode.sequence.extend(follows[i])
                 episode.turn_ids, episode.turn_logprobs = [], []
             for i in restarted:  # a new sequence: prefilled from scratch, in a fresh cache
-                episode = group.episodes[i]
+                episode = episodes[i]
                 episode.sequence = list(follows[i].ids)
                 episode.feed = list(follows[i].ids)
                 episode.turn_ids, episode.turn_logprobs = [], []
             if bridged:
-                joining.extend(group.episodes[i] for i in bridged)
-                parts.append(group.cache.take(bridged))
+                joining.extend(episodes[i] for i in bridged)
+                parts.append(cache.take(bridged) if len(bridged) < len(rows) else cache)
             if restarted:
-                joining.extend(group.episodes[i] for i in restarted)
+                joining.extend(episodes[i] for i in restarted)
                 parts.append(KVBatch.empty(len(restarted), self.device))
-        if waiting and waiting[0].ready_step <= self.stats["decode_steps"]:
+            room -= len(bridged) + len(restarted)
+        due_next = waiting and waiting[0].ready_step <= self.stats["decode_steps"]
+        if due_next and not self.feed.as_they_come:
             return joining, parts  # a continuing episode waits for room: start none
         new = []
-        while fresh and len(joining) + len(new) < room:
+        while fresh and len(joining) + len(new) < self.capacity - running:
             new.append(fresh.popleft())
         if new:
+            self.progressed = True
             joining.extend(new)
             parts.append(self._start(new))
         return joining, parts
+
+    def _due(
+        self, waiting: deque[_Group], fresh: deque[_Episode], running: int, room: int
+    ) -> list[tuple[_Group, list[int]]]:
+        """The waiting rows that re-join now, by group (each removed from `waiting`, or
+        narrowed to the rest). Deterministic: whole groups whose decode step has come, in
+        the order they left (the oldest one regardless when nothing else would run), after
+        their `next_turn`s returned (waited for). As they come: every row whose `next_turn`
+        has returned, oldest first, while there is room."""
+        due: list[tuple[_Group, list[int]]] = []
+        if self.feed.as_they_come:
+            for group in list(waiting):
+                rows = [r for r, f in enumerate(group.futures) if f.done()][: max(0, room)]
+                if not rows:
+                    continue
+                room -= len(rows)
+                rest = [r for r in range(len(group.episodes)) if r not in rows]
+                taken = _Group(group.ready_step, group.episodes, group.cache, group.futures)
+                due.append((taken, rows))
+                if rest:
+                    group.episodes = [group.episodes[r] for r in rest]
+                    group.futures = [group.futures[r] for r in rest]
+                    group.cache = group.cache.take(rest)
+                else:
+                    waiting.remove(group)
+            return due
+        continuing = 0  # rows of the groups taken that go on (others' episodes ended)
+        while waiting and len(waiting[0].episodes) <= room - continuing:
+            group = waiting[0]
+            idle = not running and not continuing and not fresh
+            if group.ready_step > self.stats["decode_steps"] and not idle:
+                break
+            waiting.popleft()
+            begin = time.perf_counter()
+            self.feed.wait_for(lambda g=group: all(f.done() for f in g.futures))
+            group.waited = time.perf_counter() - begin
+            due.append((group, list(range(len(group.episodes)))))
+            continuing += sum(f.result() is not None for f in group.futures)
+        return due
 
     def _start(self, episodes: list[_Episode]) -> KVBatch:
         """The cache of new episodes before their prefill. The prompt prefix they all share
@@ -285,7 +344,9 @@ class EpisodeEngine:
             )
             episode.sequence.extend(episode.turn_ids)
             leave.append(row)
-            futures.append(pool.submit(self.next_turn, episode.index, generation))
+            future = pool.submit(self.next_turn, episode.index, generation)
+            future.add_done_callback(self.feed.wake)
+            futures.append(future)
         return stay, leave, futures
 
     def _finish_reason(self, episode: _Episode) -> FinishReason | None:

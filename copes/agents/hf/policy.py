@@ -19,6 +19,7 @@ from copes.agents.models import resolve_model_path
 from copes.agents.policy import ChatGeneration, FinishReason, Generation, SamplingConfig
 
 if TYPE_CHECKING:
+    from copes.agents.episodes import EpisodeFeed
     from copes.optimizers.perturb import WeightSpace
 
 logger = logging.getLogger(__name__)
@@ -184,7 +185,7 @@ class HFPolicy(ChatGeneration):
 
     def generate_episodes(
         self,
-        prompts: Sequence[Sequence[int]],
+        prompts: Sequence[Sequence[int]] | EpisodeFeed,
         sampling: SamplingConfig,
         next_turn: Callable[[int, Generation], Any],
         *,

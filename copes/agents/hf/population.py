@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from copes.agents.adapters import adapter_targets
+from copes.agents.episodes import EpisodeFeed
 
 if TYPE_CHECKING:
     from copes.agents.hf.policy import HFPolicy
@@ -73,6 +74,7 @@ class _RowMembers:
         self._grids: dict[tuple[Any, ...], torch.Tensor] = {}
         self._flat: torch.Tensor | None = None
         self._width = 0
+        self._undo: Callable[[], None] | None = None  # set while `active()`
 
     def _device(self) -> torch.device:
         raise NotImplementedError
@@ -129,6 +131,38 @@ class _RowMembers:
     def _clear_rows(self) -> None:
         self._rows = self._flat = None
         self._grids.clear()
+
+    # ------------------------------------------------------------------ patching
+    def _patch(self) -> Callable[[], None]:
+        """Make the model compute each row with its member; returns the undo."""
+        raise NotImplementedError
+
+    @contextmanager
+    def active(self) -> Iterator[Any]:
+        """The model computes each row with its member inside; undone on exit (always)."""
+        self._undo = self._patch()
+        try:
+            yield self
+        finally:
+            undo, self._undo = self._undo, None
+            if undo is not None:
+                undo()
+            self._clear_rows()
+
+    @contextmanager
+    def suspended(self) -> Iterator[None]:
+        """The model's own weights for a while inside `active()` (a sessionless request
+        interjected into a population's loop); the rows' weights come back after."""
+        undo = self._undo
+        if undo is None:
+            yield
+            return
+        undo()
+        self._undo = None
+        try:
+            yield
+        finally:
+            self._undo = self._patch()
 
 
 class StackedModel(_RowMembers):
@@ -200,10 +234,14 @@ class StackedModel(_RowMembers):
         index = rows.view(-1, *([1] * (ids.dim() - 1))).expand_as(ids)
         return table[index, ids]
 
-    @contextmanager
-    def active(self) -> Iterator[StackedModel]:
-        """Patch the model so every row uses its member's copy; undone on exit (always)."""
+    def _patch(self) -> Callable[[], None]:
+        """Patch the model so every row uses its member's copy; returns the undo."""
         undo: list[Callable[[], None]] = []
+
+        def restore_all() -> None:
+            for restore in reversed(undo):
+                restore()
+
         try:
             for _, module, kind in self.modules:
                 if kind == "linear":
@@ -218,11 +256,10 @@ class StackedModel(_RowMembers):
                     undo.append(lambda m=module: m.__dict__.pop("forward", None))
                 else:
                     undo.append(self._patch_elementwise(module))
-            yield self
-        finally:
-            for restore in reversed(undo):
-                restore()
-            self._clear_rows()
+        except BaseException:
+            restore_all()
+            raise
+        return restore_all
 
     def _patch_elementwise(self, module: torch.nn.Module) -> Callable[[], None]:
         """Swap the module's 1-D parameters for the rows' copies, shaped [B, 1.., d] after
@@ -326,23 +363,22 @@ class LowRankPopulation(_RowMembers):
         out = torch.bmm(flat, self.b[matrix][rows].transpose(1, 2))  # [B, T, d]
         return out.reshape(*ids.shape, out.shape[-1])
 
-    @contextmanager
-    def active(self) -> Iterator[LowRankPopulation]:
-        """Add every row's adapter to the outputs (forward hooks); removed on exit (always)."""
+    def _patch(self) -> Callable[[], None]:
+        """Add every row's adapter to the outputs (forward hooks); returns the undo."""
         handles = []
-        try:
-            for module, matrix, kind in self.modules:
-                delta = self._linear_delta if kind == "linear" else self._embedding_delta
+        for module, matrix, kind in self.modules:
+            delta = self._linear_delta if kind == "linear" else self._embedding_delta
 
-                def hook(_: Any, args: tuple[Any, ...], out: Any, m: str = matrix, f=delta) -> Any:
-                    return out + f(m, args[0])
+            def hook(_: Any, args: tuple[Any, ...], out: Any, m: str = matrix, f=delta) -> Any:
+                return out + f(m, args[0])
 
-                handles.append(module.register_forward_hook(hook))
-            yield self
-        finally:
+            handles.append(module.register_forward_hook(hook))
+
+        def undo() -> None:
             for handle in handles:
                 handle.remove()
-            self._clear_rows()
+
+        return undo
 
 
 class PopulationPolicy:
@@ -396,7 +432,7 @@ class PopulationPolicy:
 
     def generate_episodes(
         self,
-        prompts: Sequence[Sequence[int]],
+        prompts: Sequence[Sequence[int]] | EpisodeFeed,
         sampling: SamplingConfig,
         next_turn: Callable[[int, Generation], Any],
         *,
@@ -405,14 +441,16 @@ class PopulationPolicy:
     ) -> dict[str, float]:
         from copes.agents.hf.engine import EpisodeEngine
 
-        if len(prompts) != len(self._members):
+        feed = prompts if isinstance(prompts, EpisodeFeed) else EpisodeFeed.of(prompts)
+        if feed.count != len(self._members):
             raise ValueError(
-                f"{len(prompts)} episodes but {len(self._members)} assigned members: "
+                f"{feed.count} episodes but {len(self._members)} assigned members: "
                 "call assign() before each rollout"
             )
+        feed.suspend = self.stacked.suspended  # interjections run on the model's own weights
         engine = EpisodeEngine(
             self, sampling, next_turn, members=self._members, streams=self._streams,
             turn_limits=turn_limits,
         )  # fmt: skip
         with self.stacked.active():
-            return engine.run(prompts, threads)
+            return engine.run(feed, threads)
