@@ -145,6 +145,7 @@ class EpisodeFeed:
         self._settled = 0  # episodes that arrived or never will
         self._signal = threading.Condition()
         self._woken = False
+        self._error: BaseException | None = None  # a driver's start raised: the loop does
         if interjections is not None:
             interjections.wake = self.wake
 
@@ -169,9 +170,20 @@ class EpisodeFeed:
             self._woken = True
             self._signal.notify_all()
 
-    def take(self) -> list[tuple[int, list[int]]]:
-        """The episodes that arrived since the last call, in arrival order."""
+    def fail(self, error: BaseException) -> None:
+        """A driver's start raised: the loop raises it at its next look."""
         with self._signal:
+            self._error = self._error or error
+            self._settled += 1
+            self._woken = True
+            self._signal.notify_all()
+
+    def take(self) -> list[tuple[int, list[int]]]:
+        """The episodes that arrived since the last call, in arrival order (raises what a
+        driver's start raised)."""
+        with self._signal:
+            if self._error is not None:
+                raise self._error
             taken = list(self._arrived)
             self._arrived.clear()
         return taken
@@ -193,6 +205,8 @@ class EpisodeFeed:
             if not self._woken:
                 self._signal.wait(timeout)
             self._woken = False
+            if self._error is not None:
+                raise self._error
         self.interject()
 
     def interject(self) -> None:
@@ -247,7 +261,11 @@ def play_episodes(
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(drivers)))) as starts:
         for index, driver in enumerate(drivers):
             arrived = starts.submit(driver.start)
-            arrived.add_done_callback(lambda f, i=index: feed.arrive(i, f.result()))
+            arrived.add_done_callback(
+                lambda f, i=index: (
+                    feed.fail(f.exception()) if f.exception() else feed.arrive(i, f.result())
+                )
+            )
         if feed.as_they_come:
             active = list(drivers)
             if assign is not None:

@@ -1,5 +1,6 @@
 """Batched multi-turn rollouts with the real tiny agent in the real environments."""
 
+import gymnasium as gym
 import pytest
 import torch
 
@@ -173,3 +174,16 @@ def test_stats_split_tool_calls_from_grading(tiny_policy):
     assert all(t.correct and t.tool_calls == 1 for t in batch)
     assert stats.tool_seconds >= 3 * 0.03 and stats.grade_seconds >= 3 * 0.02
     assert stats.tool_seconds + stats.grade_seconds <= stats.env_seconds  # one thread: nested
+
+
+class _BrokenReset(gym.Wrapper):
+    def reset(self, **kwargs):
+        raise RuntimeError("no such task")
+
+
+@pytest.mark.parametrize("continuous", [True, False])
+def test_an_env_whose_reset_raises_fails_the_rollout_at_once(tiny_policy, continuous):
+    """A driver's start runs in a worker thread: its error reaches the caller (no hang)."""
+    envs = [tool_math_env(), _BrokenReset(tool_math_env())]
+    with pytest.raises(RuntimeError, match="no such task"):
+        rollout(tiny_policy, envs, SamplingConfig(8), continuous_batching=continuous)

@@ -203,14 +203,23 @@ def test_population_batch_small_end_to_end(tmp_path, tiny_agent_dir, noise):
 
 @pytest.mark.slow
 def test_serve_overhead_small_end_to_end(tmp_path, tiny_agent_dir):
-    """A small served step beside the in-process one: the same rewards and episodes (float64),
-    and every figure the JSON promises."""
+    """A small served step beside the in-process one, deterministic and as they come with 1 and
+    all sessions in flight: the same rewards and episodes (float64), and every figure the JSON
+    promises."""
     out_file = tmp_path / "serve_overhead.json"
     run_script(BENCHMARKS / "serve_overhead.py", "--model", tiny_agent_dir, "--dtype",
-               "float64", "--population-size", "4", "--tasks", "3", "--steps", "1",
+               "float64", "--population-size", "4", "--tasks", "3", "--in-flight", "1", "all",
                "--max-new-tokens", "32", "--threads", "1", "--out", out_file)  # fmt: skip
     out = json.loads(out_file.read_text())
-    assert out["rewards_match"] == 1.0 and out["episodes_identical"] == 1.0
-    assert out["ratio"] > 0 and out["requests_per_second"] > 0 and out["tokens_per_second"] > 0
-    assert 0 < out["turn_latency_p50"] <= out["turn_latency_p95"]
-    assert out["runs"][0]["requests"] >= 12  # every session made at least one turn
+    rows = out["rows"]
+    for name in ("served_deterministic_all", "served_as_they_come_1", "served_as_they_come_all"):
+        row = rows[name]
+        assert row["episodes_identical"] == 1.0 and row["rewards_identical"] == 1.0, name
+        assert row["requests"] >= 12 and row["tokens_per_second"] > 0  # every session asked
+        assert 0 < row["turn_latency_p50"] <= row["turn_latency_p95"]
+    for name in ("in_process_batched", "in_process_sequential_members",
+                 "in_process_one_at_a_time"):  # fmt: skip
+        assert rows[name]["seconds"] > 0 and rows[name]["generated_tokens"] > 0
+    assert set(out["ratios"]) == {"1_in_flight", "all_in_flight", "deterministic_all"}
+    assert out["ratios"]["1_in_flight"]["against"] == "in_process_one_at_a_time"
+    assert all(r["ratio"] > 0 for r in out["ratios"].values())
