@@ -9,7 +9,10 @@ Every row scores the same members of the same step on the same tasks in this pro
 - served, deterministic schedule: every session at once through the in-process harness
   (copes' env loop on the real `openai` client), the reference for bit-identical episodes;
 - served, as they come: an ask/tell client over HTTP (`copes.serve.client.ask_tell`, the env
-  loop as its agent) with at most 1, 4, 16 or all sessions in flight.
+  loop as its agent, in a thread of this process) with at most 1, 4, 16 or all sessions in
+  flight.
+
+Each row is timed `--repeats` times; the median is reported (the spread beside it).
 
 Targets on 2 CPU cores: all in flight <= 1.3x the in-process batched step; 16 in flight <=
 1.6x; 1 in flight <= 1.2x the same episodes played one at a time in process. Besides: tokens/s,
@@ -26,10 +29,10 @@ Writes benchmarks/results/serve_overhead.json (or --out).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import platform
+import statistics
 import sys
 import threading
 import time
@@ -37,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 LOAD_BEFORE = list(os.getloadavg())
+TASKS_SEED, TASK_POOL, INVALID_PENALTY = 0, 500, 0.2
 TARGETS = {"all": ("in_process_batched", 1.3), "16": ("in_process_batched", 1.6),
            "1": ("in_process_one_at_a_time", 1.2)}  # fmt: skip
 
@@ -53,6 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-turns", type=int, default=3)
     p.add_argument("--in-flight", nargs="+", default=["1", "4", "16", "all"],
                    help="sessions a client holds at once (numbers, or all)")  # fmt: skip
+    p.add_argument("--repeats", type=int, default=3, help="timings of each row (median)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: all cores)")
     p.add_argument("--out", default="benchmarks/results/serve_overhead.json")
     return p.parse_args(argv)
@@ -61,6 +66,53 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else 0.0
+
+
+def make_env_factory(max_turns: int) -> Any:
+    """The synthetic tasks and the ToolMath env factory every row plays."""
+    from copes.envs.presets import tool_math_env
+    from copes.envs.tasks.synthetic_math import synthetic_math_tasks
+
+    tasks = synthetic_math_tasks("train", TASK_POOL, seed=TASKS_SEED)
+    return tasks, lambda: tool_math_env(
+        tasks=tasks[:1], max_turns=max_turns, invalid_penalty=INVALID_PENALTY
+    )
+
+
+class TimedEpisode:
+    """copes' env loop as the agent, timing every turn as its client sees it."""
+
+    def __init__(self, make_env: Any, pool: int) -> None:
+        from copes.serve import EnvLoop
+
+        self.env_loop = EnvLoop(make_env, pool=pool)
+        self.latencies: list[float] = []
+
+    async def __call__(self, client: Any, model: str, task: dict) -> Any:
+        post = client.post  # what copes' env loop sends its turns with
+
+        async def timed(*a: Any, **kw: Any) -> Any:
+            start = time.perf_counter()
+            reply = await post(*a, **kw)
+            self.latencies.append(time.perf_counter() - start)
+            return reply
+
+        client.post = timed
+        return await self.env_loop(client, model, task)
+
+
+def client_thread(url: str, in_flight: int, sessions: int, episode: Any, errors: list) -> None:
+    """The agent: ask/tell with `in_flight` sessions at once until `sessions` played (in this
+    process: on 2 cores an agent process beside the server's torch threads measured slower,
+    docs/serving.md)."""
+    import asyncio
+
+    from copes.serve.client import ask_tell
+
+    try:
+        asyncio.run(ask_tell(url, episode, in_flight=in_flight, sessions=sessions))
+    except BaseException as exc:
+        errors.append(exc)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -72,23 +124,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from copes.agents.hf import HFPolicy
     from copes.agents.policy import SamplingConfig
     from copes.agents.rollout import rollout as play
-    from copes.envs.presets import tool_math_env
-    from copes.envs.tasks.synthetic_math import synthetic_math_tasks
     from copes.optimizers.batched import BatchedEvaluator
     from copes.optimizers.configs import CoPESConfig
     from copes.optimizers.es import CoPES, LocalEvaluator
-    from copes.serve import EnvLoop, HttpHarness, InProcessHarness, PolicyServer, ServedEvaluator
-    from copes.serve.client import ask_tell
+    from copes.serve import HttpHarness, InProcessHarness, PolicyServer, ServedEvaluator
     from copes.train import TaskRollout
 
     policy = HFPolicy.from_pretrained(args.model, device="cpu")
     if args.dtype == "float64":
         policy.model.to(torch.float64)
-    tasks = synthetic_math_tasks("train", 500, seed=0)
-
-    def make_env() -> Any:
-        return tool_math_env(tasks=tasks[:1], max_turns=args.max_turns, invalid_penalty=0.2)
-
+    tasks, make_env = make_env_factory(args.max_turns)
     sampling = SamplingConfig(args.max_new_tokens, temperature=0.0)
     rollout = TaskRollout(make_env, tasks, args.tasks, 1, sampling, seed=0)
     n = args.population_size
@@ -104,29 +149,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     local = BatchedEvaluator(
         policy, rollout, n, on_batch=lambda m, b: local_batches.__setitem__(m, b)
     )
-    latencies: list[float] = []
-    env_loop = EnvLoop(make_env, pool=sessions)
-
-    async def timed_episode(client: Any, model: str, task: dict) -> Any:
-        post = client.post  # what copes' env loop sends its turns with
-
-        async def timed(*a: Any, **kw: Any) -> Any:
-            start = time.perf_counter()
-            reply = await post(*a, **kw)
-            latencies.append(time.perf_counter() - start)
-            return reply
-
-        client.post = timed
-        return await env_loop(client, model, task)
-
+    timed_episode = TimedEpisode(make_env, pool=sessions)  # the in-process harness's
     rows: dict[str, dict[str, Any]] = {}
 
-    def record(name: str, seconds: float, results: list[Any], served: Any = None) -> None:
-        row: dict[str, Any] = {"seconds": seconds}
-        if results:
-            tokens = sum(r.generated_tokens for r in results)
-            row |= {"generated_tokens": tokens, "tokens_per_second": tokens / seconds}
-        if served is not None:
+    def record(name: str, times: list[float], tokens: int, served: Any = None,
+               latencies: list[float] | None = None) -> None:  # fmt: skip
+        seconds = statistics.median(times)
+        row: dict[str, Any] = {"seconds": seconds, "seconds_each": times, "generated_tokens":
+                               tokens, "tokens_per_second": tokens / seconds}  # fmt: skip
+        if served is not None:  # the last repeat's sessions against the in-process batch
             same = [
                 session.token_ids == local_batches[e.member][e.index].token_ids
                 for e, session in zip(plan, served.sessions, strict=True)
@@ -137,26 +168,31 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ]
             row |= {
                 "requests": sum(len(s.turns) for s in served.sessions),
-                "turn_latency_p50": percentile(latencies, 0.5),
-                "turn_latency_p95": percentile(latencies, 0.95),
+                "turn_latency_p50": percentile(latencies or [], 0.5),
+                "turn_latency_p95": percentile(latencies or [], 0.95),
                 "episodes_identical": sum(same) / len(same),
                 "rewards_identical": sum(rewards) / len(rewards),
             }
         rows[name] = row
         print(name, json.dumps(row), flush=True)
 
-    def timed(function: Any, *a: Any) -> tuple[float, Any]:
-        latencies.clear()
-        start = time.perf_counter()
-        result = function(*a)
-        return time.perf_counter() - start, result
+    def repeated(function: Any, *a: Any) -> tuple[list[float], Any]:
+        times = []
+        for _ in range(args.repeats):
+            start = time.perf_counter()
+            result = function(*a)
+            times.append(time.perf_counter() - start)
+        return times, result
+
+    def tokens_of(results: list[Any]) -> int:
+        return sum(r.generated_tokens for r in results)
 
     # ---- in process
     local.evaluate(0, optimizer.ask(0))  # warm-up, untimed
-    seconds, results = timed(local.evaluate, step, members)
-    record("in_process_batched", seconds, results)
-    seconds, results = timed(LocalEvaluator(policy, rollout).evaluate, step, members)
-    record("in_process_sequential_members", seconds, results)
+    times, results = repeated(local.evaluate, step, members)
+    record("in_process_batched", times, tokens_of(results))
+    times, results = repeated(LocalEvaluator(policy, rollout).evaluate, step, members)
+    record("in_process_sequential_members", times, tokens_of(results))
 
     def one_at_a_time() -> int:
         """The step's episodes, each alone in the loop with its member's weights and stream."""
@@ -172,10 +208,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             tokens += batch.stats.generated_tokens
         return tokens
 
-    seconds, tokens = timed(one_at_a_time)
-    rows["in_process_one_at_a_time"] = {"seconds": seconds, "generated_tokens": tokens,
-                                        "tokens_per_second": tokens / seconds}  # fmt: skip
-    print("in_process_one_at_a_time", json.dumps(rows["in_process_one_at_a_time"]), flush=True)
+    times, tokens = repeated(one_at_a_time)
+    record("in_process_one_at_a_time", times, tokens)
 
     # ---- served, deterministic: every session at once (the in-process harness)
     server = PolicyServer(policy, sampling, schedule="deterministic")
@@ -183,38 +217,38 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     try:
         served = ServedEvaluator(server, InProcessHarness(timed_episode), policy, rollout, n)
         served.evaluate(0, optimizer.ask(0))  # warm-up, untimed
-        seconds, results = timed(served.evaluate, step, members)
-        record("served_deterministic_all", seconds, results, served.last_served)
+        timed_episode.latencies.clear()
+        times, results = repeated(served.evaluate, step, members)
+        record("served_deterministic_all", times, tokens_of(results), served.last_served,
+               timed_episode.latencies)  # fmt: skip
     finally:
         server.stop()
 
-    # ---- served, as they come: an HTTP ask/tell client with k sessions in flight
+    # ---- served, as they come: an ask/tell client with k sessions in flight
     server = PolicyServer(policy, sampling, schedule="as-they-come")
     server.start()
     try:
         served = ServedEvaluator(server, HttpHarness(), policy, rollout, n)
         for label in args.in_flight:
             k = sessions if label == "all" else int(label)
-            client_error: list[BaseException] = []
-
-            def client(k: int = k, client_error: list = client_error) -> None:
-                try:
-                    asyncio.run(
-                        ask_tell(server.base_url, timed_episode, in_flight=k, sessions=sessions)
-                    )
-                except BaseException as exc:
-                    client_error.append(exc)
-
-            latencies.clear()
-            thread = threading.Thread(target=client, daemon=True)
-            thread.start()
-            start = time.perf_counter()
-            results = served.evaluate(step, members)
-            seconds = time.perf_counter() - start
-            thread.join(timeout=600)
-            if client_error:
-                raise client_error[0]
-            record(f"served_as_they_come_{label}", seconds, results, served.last_served)
+            times = []
+            for _ in range(args.repeats):
+                errors: list[BaseException] = []
+                timed_episode.latencies.clear()
+                client = threading.Thread(
+                    target=client_thread,
+                    args=(server.base_url, k, sessions, timed_episode, errors),
+                    daemon=True,
+                )
+                client.start()
+                start = time.perf_counter()
+                results = served.evaluate(step, members)
+                times.append(time.perf_counter() - start)
+                client.join(timeout=600)
+                if errors:
+                    raise errors[0]
+            record(f"served_as_they_come_{label}", times, tokens_of(results),
+                   served.last_served, timed_episode.latencies)  # fmt: skip
     finally:
         server.stop()
         rollout.close()
@@ -238,6 +272,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "num_subspaces": args.num_subspaces,
         "tasks_per_member": args.tasks,
         "sessions": sessions,
+        "repeats": args.repeats,
         "ratios": ratios,
         "rows": rows,
         "machine": {

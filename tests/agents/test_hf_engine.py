@@ -4,6 +4,7 @@ agent: KV caches kept across turns give the turns that turn-by-turn generation g
 import pytest
 import torch
 
+from copes.agents.episodes import EpisodeFeed
 from copes.agents.hf import HFPolicy
 from copes.agents.hf.kv_batch import KVBatch, SlotBatch
 from copes.agents.policy import EpisodePolicy, SamplingConfig
@@ -170,6 +171,51 @@ def test_each_episode_samples_from_its_own_stream(tiny_policy):
     assert [t.token_ids for t in alone[0]] == [t.token_ids for t in together[0]]
     other = episodes(tiny_policy, prompts, SamplingConfig(max_new_tokens=24, seed=12), turns=3)
     assert [[t.token_ids for t in e] for e in other] != [[t.token_ids for t in e] for e in together]
+
+
+def test_episodes_arriving_one_by_one_reuse_a_prompt_prefix_and_keep_their_tokens(tiny_policy):
+    """As they come, episodes start one at a time: the KV of the prompt prefix they share with
+    an earlier episode's prompt is reused (only the rest is prefilled), and every turn is the
+    one the deterministic loop gives with all episodes at once (float64: rounding cannot flip
+    a token)."""
+    policy = HFPolicy(tiny_policy.model.to(torch.float64), tiny_policy.tokenizer)
+    chat = policy.chat
+    rules = "Answer in tags. Use the calculator for arithmetic, then answer. " * 3
+    questions = ["What is 12 * 34?", "Who wrote the book?", "A shop sells 38 pens.", "2 + 2?"]
+    prompts = [
+        chat.encode_prompt([{"role": "system", "content": rules}, {"role": "user", "content": q}])
+        for q in questions
+    ]
+    sampling = SamplingConfig(max_new_tokens=24, temperature=1.0, seed=5)
+    follow = chat.encode_text("<|im_end|>\n<|im_start|>user\n42<|im_end|>\n")
+
+    def play(feed):
+        got = {i: [] for i in range(len(prompts))}
+
+        def record(index, generation):
+            got[index].append(generation)
+            arriving = feed.as_they_come and index + 1 < len(prompts)
+            if len(got[index]) == 1 and arriving:  # the next episode arrives
+                feed.arrive(index + 1, prompts[index + 1])
+            return None if len(got[index]) == 2 else follow
+
+        stats = policy.generate_episodes(feed, sampling, record)
+        return [[t.token_ids for t in got[i]] for i in range(len(prompts))], stats
+
+    try:
+        together, all_at_once = play(EpisodeFeed.of(prompts))
+        feed = EpisodeFeed(len(prompts), schedule="as-they-come")
+        feed.arrive(0, prompts[0])
+        one_by_one, stats = play(feed)
+    finally:
+        tiny_policy.model.to(torch.float32)
+    assert one_by_one == together
+    shared = 0
+    while all(p[shared] == prompts[0][shared] for p in prompts):
+        shared += 1
+    follows = sum(len(follow) + 1 for _ in prompts)  # the turn's last token leads each
+    assert stats["prefill_tokens"] == sum(map(len, prompts)) - 3 * shared + follows
+    assert all_at_once["prefill_tokens"] == sum(map(len, prompts)) - 3 * shared + follows
 
 
 @pytest.mark.parametrize("architecture", ["llama", "gpt2", "llama+lora"])

@@ -209,13 +209,15 @@ def test_serve_overhead_small_end_to_end(tmp_path, tiny_agent_dir):
     out_file = tmp_path / "serve_overhead.json"
     run_script(BENCHMARKS / "serve_overhead.py", "--model", tiny_agent_dir, "--dtype",
                "float64", "--population-size", "4", "--tasks", "3", "--in-flight", "1", "all",
-               "--max-new-tokens", "32", "--threads", "1", "--out", out_file)  # fmt: skip
+               "--max-new-tokens", "32", "--threads", "1", "--repeats", "2",
+               "--out", out_file)  # fmt: skip
     out = json.loads(out_file.read_text())
     rows = out["rows"]
     for name in ("served_deterministic_all", "served_as_they_come_1", "served_as_they_come_all"):
         row = rows[name]
         assert row["episodes_identical"] == 1.0 and row["rewards_identical"] == 1.0, name
         assert row["requests"] >= 12 and row["tokens_per_second"] > 0  # every session asked
+        assert len(row["seconds_each"]) == 2 and min(row["seconds_each"]) <= row["seconds"]
         assert 0 < row["turn_latency_p50"] <= row["turn_latency_p95"]
     for name in ("in_process_batched", "in_process_sequential_members",
                  "in_process_one_at_a_time"):  # fmt: skip

@@ -15,7 +15,10 @@ re-joins before step ``s + 1 + TOOL_OVERLAP_STEPS``, after its `next_turn` has r
 As they come (served HTTP clients), episodes join when their first prompt arrives and a row
 re-joins at the first decode step after its `next_turn` returned: no row waits for another.
 A row that waits for its `next_turn` keeps its KV cache (outside the batch) until it
-re-joins or its episode ends.
+re-joins or its episode ends. As they come, episodes start a few at a time, so the first
+prompt of each member is remembered with its KV, and a later prompt of that member starts
+from the KV of the prefix they share (the instructions and tool list) instead of prefilling
+it again; its tokens can then differ from an all-at-once start only by float rounding.
 
 Each episode samples from its own random stream (`copes.agents.sampling`), seeded by
 (seed, episode index). So a seeded run is reproducible run to run on the same machine, and
@@ -124,6 +127,9 @@ class EpisodeEngine:
         self.device = policy.device
         self.stats = {"forward_passes": 0, "decode_steps": 0, "prefill_tokens": 0}
         self.stats |= {"tool_wait_seconds": 0.0, "seconds": 0.0}
+        # As they come: per member, the first prompt's tokens and KV (see `_start`).
+        self._prompts: dict[int | None, tuple[list[int], KVBatch]] = {}
+        self._fresh: set[int] = set()  # ids of the new episodes of the pending prefill
 
     # ------------------------------------------------------------------ the loop
     @torch.no_grad()
@@ -166,6 +172,8 @@ class EpisodeEngine:
                     joined = KVBatch.concat(parts)
                     self._select(joining)
                     logits = joined.forward(self.model, [e.feed for e in joining], self.pad_id)
+                    if self._fresh and self.feed.as_they_come:
+                        self._remember(joining, joined, self._fresh)
                     self.stats["forward_passes"] += 1
                     self.stats["prefill_tokens"] += sum(len(e.feed) for e in joining)
                     stay, leave, futures = self._choose(joining, logits, pool)
@@ -199,6 +207,7 @@ class EpisodeEngine:
         """Rows that join before the next decode step: continuing episodes first (see
         `_due`), then new episodes while the batch has room."""
         room = self.capacity - running
+        self._fresh = set()
         joining: list[_Episode] = []
         parts: list[KVBatch] = []
         due = self._due(waiting, fresh, running, room)
@@ -235,6 +244,7 @@ class EpisodeEngine:
         new = []
         while fresh and len(joining) + len(new) < self.capacity - running:
             new.append(fresh.popleft())
+        self._fresh = {id(e) for e in new}
         if new:
             self.progressed = True
             joining.extend(new)
@@ -283,7 +293,20 @@ class EpisodeEngine:
     def _start(self, episodes: list[_Episode]) -> KVBatch:
         """The cache of new episodes before their prefill. The prompt prefix they all share
         (chat templates open with the same instructions and tool list; GRPO's samples of a
-        task share the whole prompt) is computed once and copied to every row."""
+        task share the whole prompt) is computed once and copied to every row. As they come,
+        episodes arrive a few at a time, so a prompt prefix is also taken from the KV of an
+        earlier prompt of the same member (`_prompts`, see `_remember`)."""
+        if self.feed.as_they_come and self._prompts:
+            cached = [e for e in episodes if self._cached_prefix(e) is not None]
+            if cached:
+                rows: dict[int, KVBatch] = {id(e): self._cached_prefix(e) for e in cached}  # type: ignore[misc]
+                rest = [e for e in episodes if id(e) not in rows]
+                if rest:
+                    started = self._start(rest)
+                    rows |= {id(e): started.take([r]) for r, e in enumerate(rest)}
+                for episode in cached:
+                    episode.feed = episode.feed[rows[id(episode)].width :]
+                return KVBatch.concat([rows[id(e)] for e in episodes])
         prompts = [e.feed for e in episodes]
         shared = 0
         shortest = min(len(p) for p in prompts) - 1  # every row keeps a token to feed
@@ -310,6 +333,31 @@ class EpisodeEngine:
         self.stats["prefill_tokens"] += shared * len(firsts)
         row_of = {member: row for row, member in enumerate(firsts)}
         return prefix.take([row_of[self.members[e.index]] for e in episodes])
+
+    def _member(self, episode: _Episode) -> int | None:
+        return None if self.members is None else self.members[episode.index]
+
+    def _cached_prefix(self, episode: _Episode) -> KVBatch | None:
+        """The KV of the longest prefix this episode's prompt shares with a remembered prompt
+        of its member (its last token left to feed), when it is worth it."""
+        remembered = self._prompts.get(self._member(episode))
+        if remembered is None:
+            return None
+        tokens, cache = remembered
+        prompt = episode.feed
+        limit = min(len(tokens), len(prompt) - 1)
+        shared = 0
+        while shared < limit and tokens[shared] == prompt[shared]:
+            shared += 1
+        return cache.first(shared) if shared >= MIN_SHARED_PREFIX else None
+
+    def _remember(self, joining: list[_Episode], joined: KVBatch, fresh: set[int]) -> None:
+        """After a prefill: keep the KV of the first whole prompt of every member not yet
+        remembered (as they come only; one row per member, for this call's weights)."""
+        for row, episode in enumerate(joining):
+            member = self._member(episode)
+            if id(episode) in fresh and member not in self._prompts:
+                self._prompts[member] = (list(episode.sequence), joined.take([row]).compact())
 
     def _select(self, rows: Sequence[_Episode]) -> None:
         """Tell a population's stacked model the member of each row of the next forward."""

@@ -146,6 +146,17 @@ class KVBatch:
             layers = [(k[index, :, start:], v[index, :, start:]) for k, v in self.layers]
         return KVBatch(layers, mask[:, start:], self.positions[index])
 
+    def first(self, columns: int) -> KVBatch:
+        """The cache of the first `columns` tokens of this one-row batch without padding
+        (a prompt's prefix: keys and values of a token depend only on the tokens before it)."""
+        if self.rows != 1 or self.layers is None or not bool(self.mask.all()):
+            raise ValueError("first needs one row of real tokens")
+        if not 0 < columns <= self.width:
+            raise ValueError(f"first needs 1 to {self.width} columns, got {columns}")
+        layers = [(k[:, :, :columns], v[:, :, :columns]) for k, v in self.layers]
+        positions = torch.full_like(self.positions, columns)
+        return KVBatch(layers, self.mask[:, :columns], positions)
+
     def repeat(self, rows: int) -> KVBatch:
         """`rows` copies of this one-row batch."""
         if self.rows != 1:
