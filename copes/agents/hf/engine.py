@@ -297,15 +297,15 @@ class EpisodeEngine:
         episodes arrive a few at a time, so a prompt prefix is also taken from the KV of an
         earlier prompt of the same member (`_prompts`, see `_remember`)."""
         if self.feed.as_they_come and self._prompts:
-            cached = [e for e in episodes if self._cached_prefix(e) is not None]
-            if cached:
-                rows: dict[int, KVBatch] = {id(e): self._cached_prefix(e) for e in cached}  # type: ignore[misc]
+            rows = {id(e): c for e in episodes if (c := self._cached_prefix(e)) is not None}
+            if rows:
+                for episode in episodes:
+                    if id(episode) in rows:
+                        episode.feed = episode.feed[rows[id(episode)].width :]
                 rest = [e for e in episodes if id(e) not in rows]
                 if rest:
                     started = self._start(rest)
                     rows |= {id(e): started.take([r]) for r, e in enumerate(rest)}
-                for episode in cached:
-                    episode.feed = episode.feed[rows[id(episode)].width :]
                 return KVBatch.concat([rows[id(e)] for e in episodes])
         prompts = [e.feed for e in episodes]
         shared = 0
