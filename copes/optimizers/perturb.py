@@ -1,7 +1,9 @@
 """The weight-space engine of ES and CoPES: seeded noise, subspaces, backup/restore, update.
 
 Pure torch over a list of named tensors, so the same code runs inside a transformers model,
-a vLLM worker or a Ray actor. Nothing of size d is ever stored besides one master copy:
+a vLLM worker or a Ray actor. Nothing of size d is ever stored besides one master copy (and,
+on a CPU, the current subspace's positions, d / K int32, kept for its next member: drawing
+them costs more there than the noise itself):
 
 - **Noise is regenerated from seeds.** The noise of a tensor is produced chunk by chunk, each
   chunk from its own generator seeded by (member seed, tensor name, chunk index), so it is
@@ -212,6 +214,9 @@ class WeightSpace:
             rows += entry.full_shape[0] if entry.is_matrix else 0
         self.num_coordinates = offset
         self.num_matrix_rows = rows  # what the low-rank family partitions into subspaces
+        # The current subspace's positions, per (tensor, chunk), for its next member.
+        self._kept_subspace: Subspace | None = None
+        self._kept_positions: dict[tuple[str, int], torch.Tensor] = {}
 
     @classmethod
     def from_module(cls, module: torch.nn.Module, **kwargs: object) -> WeightSpace:
@@ -235,19 +240,55 @@ class WeightSpace:
             yield index, start, min(start + self.chunk_size, n)
 
     def _positions(
-        self, entry: _Entry, chunk: int, start: int, end: int, subspace: Subspace
+        self,
+        entry: _Entry,
+        chunk: int,
+        start: int,
+        end: int,
+        subspace: Subspace,
+        order: torch.Tensor | None = None,
     ) -> torch.Tensor | None:
-        """Positions (within the chunk) that belong to `subspace`; None means all of them."""
+        """Positions (within the chunk) that belong to `subspace`; None means all of them.
+        `order`: the chunk's permutation when the caller already drew it (`_order`)."""
         k = subspace.num_subspaces
         if k == 1:
             return None
-        device = entry.tensor.device
-        gen = _generator(
-            device, derive_seed("partition", subspace.partition_seed, entry.name, chunk)
-        )
-        order = torch.randperm(end - start, generator=gen, device=device)
+        if order is None:
+            order = self._order(entry, chunk, start, end, subspace.partition_seed)
         first = (subspace.index - (entry.offset + start)) % k  # the deal continues across chunks
         return order[first::k]
+
+    def _order(
+        self, entry: _Entry, chunk: int, start: int, end: int, partition_seed: int
+    ) -> torch.Tensor:
+        """The chunk's random permutation that deals its coordinates to the subspaces: the
+        same for every subspace of a step (so one draw serves all its members)."""
+        device = entry.tensor.device
+        gen = _generator(device, derive_seed("partition", partition_seed, entry.name, chunk))
+        return torch.randperm(end - start, generator=gen, device=device)
+
+    def _member_positions(
+        self, entry: _Entry, chunk: int, start: int, end: int, subspace: Subspace
+    ) -> torch.Tensor | None:
+        """`_positions` for `perturb`, kept for the next member of the same subspace on CPU.
+
+        Drawing a chunk's permutation costs several times its noise on a CPU (randperm of
+        1M coordinates: about 10 ms), and a step's members come subspace by subspace
+        (`CoPES.ask`), so the positions of the current subspace are kept (int32: 4 bytes per
+        coordinate of the subspace, d / K in all) until a member of another subspace comes.
+        On an accelerator, drawing is cheap and memory is not: nothing is kept there."""
+        if subspace.num_subspaces == 1 or entry.tensor.device.type != "cpu":
+            return self._positions(entry, chunk, start, end, subspace)
+        if self._kept_subspace != subspace:
+            self._kept_subspace, self._kept_positions = subspace, {}
+        key = (entry.name, chunk)
+        kept = self._kept_positions.get(key)
+        if kept is None:
+            positions = self._positions(entry, chunk, start, end, subspace)
+            assert positions is not None
+            self._kept_positions[key] = positions.to(torch.int32)
+            return positions
+        return kept.long()
 
     def _noise(
         self, entry: _Entry, chunk: int, size: int, seed: int, device: torch.device
@@ -432,7 +473,7 @@ class WeightSpace:
         for entry in self._entries:
             flat = entry.tensor.view(-1)
             for chunk, start, end in self._chunks(entry):
-                pos = self._positions(entry, chunk, start, end, perturbation.subspace)
+                pos = self._member_positions(entry, chunk, start, end, perturbation.subspace)
                 if entry.shard is not None:
                     self._perturb_shard(entry, flat, chunk, start, end, pos, perturbation)
                 elif pos is None:
@@ -496,6 +537,7 @@ class WeightSpace:
         """
         if len(perturbations) != len(coefficients):
             raise ValueError("one coefficient per perturbation is required")
+        self._kept_subspace, self._kept_positions = None, {}  # the step's members are done
         low = [(p, c) for p, c in zip(perturbations, coefficients, strict=True) if p.rank]
         if low:
             members, values = zip(*low, strict=True)
@@ -525,11 +567,18 @@ class WeightSpace:
                 continue
             sel, loc = where
             acc = torch.zeros(end - start, dtype=torch.float32, device=device)
+            orders: dict[int, torch.Tensor] = {}  # one draw per partition, for all members
             for p, c in zip(perturbations, coefficients, strict=True):
                 weight = float(c) * p.sign
                 if weight == 0.0:
                     continue
-                pos = self._positions(entry, chunk, start, end, p.subspace)
+                order = None
+                if p.subspace.num_subspaces > 1:
+                    seed = p.subspace.partition_seed
+                    if seed not in orders:
+                        orders[seed] = self._order(entry, chunk, start, end, seed)
+                    order = orders[seed]
+                pos = self._positions(entry, chunk, start, end, p.subspace, order)
                 if pos is None:
                     acc += weight * self._noise(entry, chunk, end - start, p.seed, device)
                 else:

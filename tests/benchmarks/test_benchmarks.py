@@ -225,3 +225,20 @@ def test_serve_overhead_small_end_to_end(tmp_path, tiny_agent_dir):
     assert set(out["ratios"]) == {"1_in_flight", "all_in_flight", "deterministic_all"}
     assert out["ratios"]["1_in_flight"]["against"] == "in_process_one_at_a_time"
     assert all(r["ratio"] > 0 for r in out["ratios"].values())
+
+
+def test_weight_ops_small_end_to_end(tmp_path, tiny_agent_dir):
+    """The shipped weight engine beside the redrawing one on the tiny agent: the same members
+    and the same update, bit for bit, and every figure the JSON promises."""
+    out_file = tmp_path / "weight_ops.json"
+    run_script(BENCHMARKS / "weight_ops.py", "--model", tiny_agent_dir, "--dtype", "float32",
+               "--population-size", "4", "--num-subspaces", "1", "2", "--threads", "1",
+               "--out", out_file)  # fmt: skip
+    out = json.loads(out_file.read_text())
+    assert [r["num_subspaces"] for r in out["rows"]] == [1, 2] and out["parameters"] > 0
+    for row in out["rows"]:
+        assert row["members_identical"] and row["update_identical"]
+        for engine in ("shipped", "redrawing"):
+            assert len(row[engine]["perturb_restore_seconds_each"]) == 4
+            assert row[engine]["update_seconds"] > 0
+    assert out["worst_seconds_per_member"] > 0 and "target_met" in out

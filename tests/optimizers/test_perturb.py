@@ -112,6 +112,42 @@ def test_update_is_weighted_sum_of_regenerated_noise():
     assert torch.allclose(flat(tensors) - before, 0.01 * expected, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_steps_members_in_one_space_equal_each_member_in_a_fresh_one(dtype):
+    """`perturb` keeps the current subspace's positions for the next member and `update`
+    draws each chunk's permutation once for all members: both bit for bit what drawing
+    everything anew gives, whatever order the subspaces come in."""
+    members = [Perturbation(m, 200 + m // 2, Subspace(7, 3, k), 1 - 2 * (m % 2), sigma=0.1)
+               for m, k in enumerate([0, 0, 1, 1, 2, 2, 0, 1])]  # fmt: skip
+    tensors = make_tensors(dtype)
+    space = WeightSpace(tensors, chunk_size=64)
+    for member in members:
+        space.perturb(member)
+        fresh = make_tensors(dtype)
+        WeightSpace(fresh, chunk_size=64).perturb(member)
+        assert torch.equal(flat(tensors), flat(fresh)), member
+        space.restore()
+
+
+def test_an_update_draws_each_partition_once_and_sums_every_members_noise_exactly():
+    """Members of two partitions (one update): the master moves by lr x the sum of each
+    member's regenerated noise, accumulated in member order, bit for bit."""
+    members = [Perturbation(m, 300 + m, Subspace(7 + m % 2, 2, m // 2 % 2), sigma=0.1)
+               for m in range(6)]  # fmt: skip
+    coefficients = [0.5, -1.0, 2.0, 0.0, 1.5, -0.5]
+    tensors = make_tensors()
+    before = flat(tensors).clone()
+    WeightSpace(tensors, chunk_size=64).update(members, coefficients, learning_rate=0.01)
+    total = torch.zeros_like(before)
+    for p, c in zip(members, coefficients, strict=True):
+        if c == 0.0:
+            continue
+        probe = WeightSpace([(n, torch.zeros_like(t)) for n, t in make_tensors()], chunk_size=64)
+        probe.perturb(Perturbation(p.member, p.seed, p.subspace, p.sign, sigma=1.0))
+        total += c * flat(probe.named_tensors())
+    assert torch.equal(flat(tensors), before + 0.01 * total)
+
+
 def test_fp32_update_is_not_lost_on_bf16_weights():
     weights = torch.ones(4096, dtype=torch.bfloat16)
     space = WeightSpace([("w", weights)], chunk_size=1024)
