@@ -35,6 +35,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the _raw_generate helper
+
+from _raw_generate import measure_generate
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -50,6 +54,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tasks", type=int, default=16, help="tasks per member (the batch)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--max-turns", type=int, default=3)
+    p.add_argument("--demonstrations", type=int, default=0,
+                   help="worked examples before each task (a real model needs them)")  # fmt: skip
+    p.add_argument("--raw-generate", action="store_true",
+                   help="also time a plain generate of the batched tokens (hf)")  # fmt: skip
     p.add_argument("--steps", type=int, default=3, help="steps measured (members of each)")
     p.add_argument(
         "--rows", type=int, nargs="+", default=[0], help="batched loop rows (0: all episodes)"
@@ -91,6 +99,9 @@ def build_policy(args: argparse.Namespace) -> Any:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    if args.backend == "vllm" and args.raw_generate:
+        raise SystemExit("population_batch.py: --raw-generate times transformers' generate; "
+                         "drop it with --backend vllm")  # fmt: skip
     if args.backend == "vllm" and args.noise != "lowrank":
         raise SystemExit(
             "population_batch.py: --backend vllm serves a batched population as LoRA adapters, "
@@ -113,7 +124,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     tasks = synthetic_math_tasks("train", 500, seed=0)
 
     def make_env() -> Any:
-        return tool_math_env(tasks=tasks[:1], max_turns=args.max_turns, invalid_penalty=0.2)
+        return tool_math_env(tasks=tasks[:1], max_turns=args.max_turns, invalid_penalty=0.2,
+                             demonstrations=args.demonstrations)  # fmt: skip
 
     sampling = SamplingConfig(args.max_new_tokens, temperature=0.0)
     rollout = TaskRollout(make_env, tasks, args.tasks, 1, sampling, seed=0)
@@ -129,7 +141,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     def recorder(kind: str, step: int):
         def record(member: int, batch: Any) -> None:
-            episodes[(kind, step, member)] = [(t.token_ids, t.reward) for t in batch]
+            episodes[(kind, step, member)] = [
+                (t.token_ids, t.reward, t.token_ids[: t.prompt_length], t.num_generated_tokens)
+                for t in batch
+            ]
 
         return record
 
@@ -169,8 +184,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         strict=True,
                     )
                 ]
+                raw: dict[str, float] = {}
+                if args.raw_generate:  # the same first prompts, each row its episode's tokens
+                    done = [e for m in range(n) for e in episodes[(f"batched-{rows}", step, m)]]
+                    lengths = [max(1, e[3]) for e in done]
+                    raw_seconds, raw_tokens = measure_generate(
+                        policy, [e[2] for e in done], lengths, seed=step
+                    )
+                    batched_rate = sum(e[3] for e in done) / bat_seconds
+                    raw_rate = raw_tokens / raw_seconds
+                    raw = {"raw_generate_seconds": raw_seconds,
+                           "raw_generate_tokens_per_second": raw_rate,
+                           "batched_tokens_per_second": batched_rate,
+                           "batched_over_raw": batched_rate / raw_rate}  # fmt: skip
                 runs.append(
                     {
+                        **raw,
                         "step": step,
                         "rows": rows,
                         "sequential_seconds": seq_seconds,
@@ -202,6 +231,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "rewards_match": sum(r["rewards_match"] for r in mine) / len(mine),
             "episodes_identical": sum(r["episodes_identical"] for r in mine) / len(mine),
         }
+        if args.raw_generate:  # tokens/s of the batched steps against the raw generates
+            tokens = sum(r["batched_tokens_per_second"] * r["batched_seconds"] for r in mine)
+            raw_seconds = sum(r["raw_generate_seconds"] for r in mine)
+            by_rows[rows]["batched_over_raw"] = (tokens / bat_total) / (tokens / raw_seconds)
     best = min(by_rows, key=lambda rows: by_rows[rows]["ratio"])
     main_rows = default_rows if default_rows in by_rows else best
     result = {
@@ -221,6 +254,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "ratio": by_rows[main_rows]["ratio"],
         "rewards_match": by_rows[main_rows]["rewards_match"],
         "episodes_identical": by_rows[main_rows]["episodes_identical"],
+        "batched_over_raw": by_rows[main_rows].get("batched_over_raw"),
+        "demonstrations": args.demonstrations,
         "best_rows": best,
         "best_ratio": by_rows[best]["ratio"],
         "by_rows": by_rows,

@@ -187,14 +187,18 @@ def test_es_overhead_small_end_to_end(tmp_path, tiny_agent_dir):
 @pytest.mark.parametrize("noise", ["full", "lowrank"])
 def test_population_batch_small_end_to_end(tmp_path, tiny_agent_dir, noise):
     """float64: batched and sequential evaluation give the same rewards and episodes (the
-    low-rank family too, served as adapters)."""
+    low-rank family too, served as adapters); with worked examples before each task and the
+    raw `generate` baseline of the batched step's tokens."""
     out_file = tmp_path / "population_batch.json"
     run_script(BENCHMARKS / "population_batch.py", "--model", tiny_agent_dir, "--dtype",
                "float64", "--population-size", "4", "--tasks", "3", "--steps", "1",
                "--max-new-tokens", "32", "--rows", "0", "4", "--threads", "1",
-               "--noise", noise, "--noise-rank", "2", "--out", out_file)  # fmt: skip
+               "--noise", noise, "--noise-rank", "2", "--demonstrations", "1",
+               "--raw-generate", "--out", out_file)  # fmt: skip
     out = json.loads(out_file.read_text())
     assert out["noise"] == noise and out["noise_rank"] == (2 if noise == "lowrank" else 0)
+    assert out["demonstrations"] == 1 and out["batched_over_raw"] > 0
+    assert all(r["raw_generate_seconds"] > 0 for r in out["runs"])
     assert out["rows"] == 12 and set(out["by_rows"]) == {"12", "4"}
     assert out["rewards_match"] == 1.0 and out["episodes_identical"] == 1.0
     assert out["ratio"] == out["by_rows"]["12"]["ratio"] > 0
