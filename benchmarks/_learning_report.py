@@ -30,7 +30,8 @@ GRID_POINTS = 41
 
 
 def run_curve(record: dict[str, Any], kind: str, budget: float) -> tuple[Curve, float]:
-    """A finished run's validation curve in `kind` ("tokens"/"seconds"), cut at `budget`.
+    """A finished run's validation curve in `kind` ("tokens"/"seconds"/"cpu-seconds"), cut at
+    `budget`.
 
     Returns the curve and the overshoot of the run's last step beyond the budget.
     """

@@ -33,7 +33,7 @@ class RunSpec:
     run_dir: str
     model: str
     env: str
-    budget_kind: str  # "tokens" or "seconds"
+    budget_kind: str  # "tokens", "seconds" (wall) or "cpu-seconds" (the run's own)
     budget: float
     train: dict[str, Any] = field(default_factory=dict)  # shared TrainConfig settings
     passk_n: int = 4
@@ -99,6 +99,7 @@ def train_config(spec: RunSpec) -> Any:
             "steps": None,
             "max_tokens": int(spec.budget) if spec.budget_kind == "tokens" else None,
             "max_seconds": float(spec.budget) if spec.budget_kind == "seconds" else None,
+            "max_cpu_seconds": float(spec.budget) if spec.budget_kind == "cpu-seconds" else None,
             # ES replays its seed log on resume, so it needs no intermediate checkpoint.
             "checkpoint_every": 0 if es else 2 * method_train.get("eval_every", 1),
             "keep_checkpoints": 1,
@@ -113,7 +114,7 @@ def train_config(spec: RunSpec) -> Any:
 
 
 def curve_of(run_dir: Path) -> dict[str, list[float]]:
-    """The run's validations: step, generated tokens, wall seconds, accuracy, reward."""
+    """The run's validations: step, generated tokens, wall and CPU seconds, accuracy, reward."""
     from copes.run_log import read_jsonl
 
     val = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["kind"] == "validation"]
@@ -121,6 +122,7 @@ def curve_of(run_dir: Path) -> dict[str, list[float]]:
         "steps": [r["step"] for r in val],
         "tokens": [r["generated_tokens_total"] for r in val],
         "seconds": [r["seconds_total"] for r in val],
+        "cpu-seconds": [r.get("cpu_seconds_total", 0.0) for r in val],
         "accuracy": [r["accuracy"] for r in val],
         "reward": [r["reward_mean"] for r in val],
     }

@@ -88,7 +88,7 @@ TUNE_SEED = 100
 # Shared settings of every run, full mode and --quick (a CI smoke run: a few steps).
 FULL = {
     "methods": list(METHODS), "seeds": [0, 1, 2], "budget_tokens": 320_000,
-    "budget_seconds": 600,
+    "budget_seconds": 600, "budget_cpu-seconds": 600,
     # invalid_penalty: -0.2 per turn with neither a closed tool call nor an answer, the
     # shaping under which ES moved the tiny agent (docs/results.md); every method gets it.
     "train": {"batch_size": 16, "max_new_tokens": 64, "max_turns": 3, "eval_tasks": 64,
@@ -97,7 +97,7 @@ FULL = {
 }
 QUICK = {
     "methods": ["es", "copes-k2", "grpo"], "seeds": [0], "budget_tokens": 2_500,
-    "budget_seconds": 20,
+    "budget_seconds": 20, "budget_cpu-seconds": 20,
     "train": {"batch_size": 4, "max_new_tokens": 48, "max_turns": 3, "eval_tasks": 8,
               "num_train_tasks": 200, "invalid_penalty": 0.2, "eval_task_seed": 0},
     "passk": {"passk_n": 2, "passk_ks": (1, 2), "passk_tasks": 8},
@@ -128,9 +128,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, nargs="+", help="seeds (default: 0 1 2; quick: 0)")
     p.add_argument(
         "--budget-kind",
-        choices=["tokens", "seconds"],
+        choices=["tokens", "seconds", "cpu-seconds"],
         default="tokens",
-        help="seconds: use --workers 1 on an idle machine (parallel runs share cores)",
+        help="seconds: use --workers 1 on an idle machine (parallel runs share cores); "
+        "cpu-seconds: each run's own CPU time, robust to other work on the cores",
     )
     p.add_argument("--budget", type=float, help="per run, in --budget-kind units")
     p.add_argument(
@@ -227,7 +228,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     seeds = args.seeds or mode["seeds"]
     budget = args.budget or mode[f"budget_{args.budget_kind}"]
     suffix = ("-quick" if args.quick else "") + ("-qa" if args.env == "ToolQA-v0" else "")
-    suffix += "-seconds" if args.budget_kind == "seconds" else ""
+    suffix += "" if args.budget_kind == "tokens" else f"-{args.budget_kind}"
     suffix += "-ablations" if args.ablations else ""
     name = args.name or f"learning{suffix}"
     runs_dir = Path(args.runs_dir or f"runs/benchmarks/{name}")

@@ -79,7 +79,7 @@ REBUILT_FROM = "es_log.jsonl"
 def rebuild_train_record(entry: Mapping[str, Any], previous: Mapping[str, Any] | None) -> dict:
     """The train record of a step whose metrics.jsonl line was lost (torn, or never written:
     killed between the two appends), from its replay-log entry (es_log.jsonl: `step`, the
-    members' `rewards`, the run's `tokens` and `seconds` after the step).
+    members' `rewards`, the run's `tokens`, `seconds` and `cpu_seconds` after the step).
 
     Only what the entry determines: reward mean / std / max over members, computed as the
     optimizer computes them (numpy, so bit-identical), the token and second totals, and the
@@ -103,6 +103,8 @@ def rebuild_train_record(entry: Mapping[str, Any], previous: Mapping[str, Any] |
         record["generated_tokens"] = int(entry["tokens"]) - int(previous["tokens"])
     record["generated_tokens_total"] = int(entry["tokens"])
     record["seconds_total"] = float(entry["seconds"])
+    if "cpu_seconds" in entry:  # logged since the CPU-seconds budget (2026-12-05)
+        record["cpu_seconds_total"] = float(entry["cpu_seconds"])
     record["rebuilt_from"] = REBUILT_FROM
     return record
 

@@ -153,8 +153,8 @@ class Trainer:
             self.server.policy_version = self.budget.steps
             url = self.server.start(c.host, c.port)
             logger.info("serving the policy at %s/v1 (ask/tell: %s/copes/v1/ask)", url, url)
-        start_seconds = self.budget.seconds
-        clock = time.perf_counter()
+        start_seconds, start_cpu = self.budget.seconds, self.budget.cpu_seconds
+        clock, cpu_clock = time.perf_counter(), time.process_time()
         if self._validation_due() and not self.log.has("validation", self.budget.steps):
             self.validate()  # step 0, or one a kill lost: the same weights, the same draws
         bar = tqdm(
@@ -171,11 +171,13 @@ class Trainer:
                         self.server.policy_version = self.budget.steps
                 self.budget.tokens += stats.generated_tokens
                 self.budget.seconds = start_seconds + time.perf_counter() - clock
+                self.budget.cpu_seconds = start_cpu + time.process_time() - cpu_clock
                 if self.optimizer.replays:  # the replay log: on disk before anything else
                     entry = {
                         **stats.log,
                         "tokens": self.budget.tokens,
                         "seconds": self.budget.seconds,
+                        "cpu_seconds": self.budget.cpu_seconds,
                     }
                     append_jsonl(self.run_dir / "es_log.jsonl", entry, sync=True)
                 self.log.log("train", step, self._train_record(stats))
@@ -218,6 +220,7 @@ class Trainer:
             "invalid_rate": sum(t.end_reason == "invalid" for t in batch) / n,
             "generated_tokens_total": self.budget.tokens,
             "seconds_total": self.budget.seconds,
+            "cpu_seconds_total": self.budget.cpu_seconds,
         }
         self.log.log("validation", self.budget.steps, result)
         self.log.plot()
@@ -268,6 +271,7 @@ class Trainer:
             "tool_seconds": stats.env_seconds,
             "optimizer_seconds": stats.optimizer_seconds,
             "seconds_total": self.budget.seconds,
+            "cpu_seconds_total": self.budget.cpu_seconds,
         }
 
     def summary(self) -> dict[str, Any]:
@@ -278,6 +282,7 @@ class Trainer:
             "steps": self.budget.steps,
             "generated_tokens": self.budget.tokens,
             "seconds": round(self.budget.seconds, 1),
+            "cpu_seconds": round(self.budget.cpu_seconds, 1),
             "validation_accuracy_first": val[0]["accuracy"] if val else None,
             "validation_accuracy_last": val[-1]["accuracy"] if val else None,
             "validation_reward_first": val[0]["reward_mean"] if val else None,

@@ -102,7 +102,8 @@ class RunFolder:
             if entries:
                 self.optimizer.replay(entries, policy)
                 last = entries[-1]
-                budget = Budget(last["step"] + 1, last["tokens"], last["seconds"])
+                budget = Budget(last["step"] + 1, last["tokens"], last["seconds"],
+                                last.get("cpu_seconds", 0.0))  # fmt: skip
                 logger.info("replayed %d logged steps without rollouts", len(entries))
         elif checkpoint is None:
             logger.info("no checkpoint to resume from: starting from the base model")

@@ -15,8 +15,8 @@ OPTIMIZERS = tuple(OPTIMIZER_TABLE)
 # (--workers gives bit-identical weights, docs/scaling.md).
 RESUMABLE_CHANGES = frozenset(
     {
-        "steps", "max_tokens", "max_seconds", "resume", "progress", "tensorboard", "out_dir",
-        "report_to",
+        "steps", "max_tokens", "max_seconds", "max_cpu_seconds", "resume", "progress",
+        "tensorboard", "out_dir", "report_to",
         "eval_every", "checkpoint_every", "keep_checkpoints", "workers", "ray_address",
         "checksum_every", "gpu_memory_utilization", "population_eval",
         "host", "port", "api_key", "step_timeout", "request_timeout",  # the server's waits
@@ -57,6 +57,11 @@ class TrainConfig:
     steps: int | None = flag("budget: optimizer steps", 20)
     max_tokens: int | None = flag("budget: generated tokens, all rollouts included", None)
     max_seconds: float | None = flag("budget: wall-clock seconds", None)
+    max_cpu_seconds: float | None = flag(
+        "budget: the run's own CPU seconds (user + system, all its threads; other work on "
+        "the machine's cores does not count, so runs sharing a machine get equal budgets)",
+        None,
+    )
     batch_size: int = flag("tasks per step (every ES member sees the same batch)", 16)
     same_batch: bool = flag("ES: the same task batch for every member (paper)", True)
     max_new_tokens: int = flag("longest turn in tokens", 96)
@@ -161,11 +166,13 @@ class TrainConfig:
         from copes.reporting import parse_report_to
 
         parse_report_to(self.report_to)  # unknown or missing reporters fail before the run
-        budgets = (self.steps, self.max_tokens, self.max_seconds)
+        budgets = (self.steps, self.max_tokens, self.max_seconds, self.max_cpu_seconds)
         if all(b is None for b in budgets):
-            raise ValueError("no budget: set steps, max_tokens or max_seconds")
+            raise ValueError("no budget: set steps, max_tokens, max_seconds or max_cpu_seconds")
         if any(b is not None and b <= 0 for b in budgets):
-            raise ValueError(f"budgets must be positive, got steps/tokens/seconds = {budgets}")
+            raise ValueError(
+                f"budgets must be positive, got steps/tokens/seconds/CPU seconds = {budgets}"
+            )
         from copes.envs.parsing import CALL_FORMATS
 
         if self.call_format not in ("native", *CALL_FORMATS):
@@ -326,10 +333,12 @@ class Budget:
     steps: int = 0
     tokens: int = 0
     seconds: float = 0.0
+    cpu_seconds: float = 0.0  # the process's user + system time (`time.process_time`)
 
     def exhausted(self, config: TrainConfig) -> bool:
         return (
             (config.steps is not None and self.steps >= config.steps)
             or (config.max_tokens is not None and self.tokens >= config.max_tokens)
             or (config.max_seconds is not None and self.seconds >= config.max_seconds)
+            or (config.max_cpu_seconds is not None and self.cpu_seconds >= config.max_cpu_seconds)
         )

@@ -246,3 +246,24 @@ def test_weight_ops_small_end_to_end(tmp_path, tiny_agent_dir):
             assert len(row[engine]["perturb_restore_seconds_each"]) == 4
             assert row[engine]["update_seconds"] > 0
     assert out["worst_seconds_per_member"] > 0 and "target_met" in out
+
+
+def test_a_cpu_seconds_budget_reaches_the_trainer_and_the_curves(tmp_path):
+    """--budget-kind cpu-seconds: each run's own CPU seconds bound it (max_cpu_seconds), and
+    its validation curve is read in CPU seconds."""
+    from _learning_runs import RunSpec, curve_of, train_config
+
+    spec = RunSpec(method="es", seed=0, settings={"optimizer": "es"}, run_dir=str(tmp_path),
+                   model="tiny", env="ToolMath-v0", budget_kind="cpu-seconds",
+                   budget=30)  # fmt: skip
+    config = train_config(spec)
+    assert config.max_cpu_seconds == 30 and config.max_seconds is None
+    assert config.max_tokens is None
+    rows = [{"kind": "validation", "step": s, "generated_tokens_total": 10 * s,
+             "seconds_total": 2.0 * s, "cpu_seconds_total": 3.0 * s, "accuracy": 0.1 * s,
+             "reward_mean": 0.0} for s in (0, 1, 2)]  # fmt: skip
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    curve = curve_of(tmp_path)
+    assert curve["cpu-seconds"] == [0.0, 3.0, 6.0] and curve["seconds"] == [0.0, 2.0, 4.0]
+    cut, overshoot = run_curve({"curve": curve}, "cpu-seconds", 5.0)
+    assert cut.budgets == (0.0, 3.0, 5.0) and overshoot == 1.0

@@ -140,13 +140,33 @@ def test_a_lost_train_record_is_rebuilt_from_es_log_and_a_lost_validation_remade
     original, rebuilt = records[2], resumed[2]
     assert rebuilt["rebuilt_from"] == "es_log.jsonl"
     for key in ("reward_mean", "reward_std", "reward_max", "generated_tokens",
-                "generated_tokens_total", "seconds_total"):  # fmt: skip
+                "generated_tokens_total", "seconds_total", "cpu_seconds_total"):  # fmt: skip
         assert rebuilt[key] == original[key], key
     assert not {"accuracy", "sigma", "generation_seconds", "tool_seconds"} & set(rebuilt)
     assert resumed[:2] == records[:2] and resumed[3] == records[3]  # the remade validation
     final_ref = weights_of(reference / "checkpoints" / "step-000002")
     final_res = weights_of(killed / "checkpoints" / "step-000002")
     assert all(torch.equal(final_ref[k], final_res[k]) for k in final_ref)
+
+
+def test_a_cpu_seconds_budget_ends_the_run_and_resume_keeps_counting(tmp_path, tiny):
+    """--max-cpu-seconds: the run's own CPU time (every thread's), logged with every record;
+    the run ends at the first step that reaches it, and --resume with a larger budget goes on
+    from the CPU seconds already spent."""
+    out = tmp_path / "run"
+    args = [*ES_FAST, *tiny, "--steps", "10000", "--eval-every", "0", "--out-dir", str(out)]
+    assert train_main([*args, "--max-cpu-seconds", "2"]) == 0
+    train = [r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "train"]
+    spent = [r["cpu_seconds_total"] for r in train]
+    assert spent == sorted(spent) and spent[-1] >= 2 and (len(spent) == 1 or spent[-2] < 2)
+    assert 1 < len(train) < 10000  # a step costs CPU seconds, not the step budget
+    final = out / "checkpoints" / f"step-{len(train):06d}"
+    state = json.loads((final / "trainer_state.json").read_text())
+    assert state["budget"]["cpu_seconds"] == spent[-1]
+    assert train_main([*args, "--max-cpu-seconds", "4", "--resume"]) == 0
+    more = [r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "train"]
+    assert more[: len(train)] == train and len(more) > len(train)
+    assert more[len(train)]["cpu_seconds_total"] > spent[-1] and more[-1]["cpu_seconds_total"] >= 4
 
 
 def test_errors_are_clear(tmp_path, tiny, capsys):
