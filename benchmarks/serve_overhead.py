@@ -40,7 +40,6 @@ from pathlib import Path
 from typing import Any
 
 LOAD_BEFORE = list(os.getloadavg())
-TASKS_SEED, TASK_POOL, INVALID_PENALTY = 0, 500, 0.2
 TARGETS = {"all": ("in_process_batched", 1.3), "16": ("in_process_batched", 1.6),
            "1": ("in_process_one_at_a_time", 1.2)}  # fmt: skip
 
@@ -66,17 +65,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else 0.0
-
-
-def make_env_factory(max_turns: int) -> Any:
-    """The synthetic tasks and the ToolMath env factory every row plays."""
-    from copes.envs.presets import tool_math_env
-    from copes.envs.tasks.synthetic_math import synthetic_math_tasks
-
-    tasks = synthetic_math_tasks("train", TASK_POOL, seed=TASKS_SEED)
-    return tasks, lambda: tool_math_env(
-        tasks=tasks[:1], max_turns=max_turns, invalid_penalty=INVALID_PENALTY
-    )
 
 
 class TimedEpisode:
@@ -133,7 +121,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     policy = HFPolicy.from_pretrained(args.model, device="cpu")
     if args.dtype == "float64":
         policy.model.to(torch.float64)
-    tasks, make_env = make_env_factory(args.max_turns)
+    from copes.envs.presets import tool_math_env
+    from copes.envs.tasks.synthetic_math import synthetic_math_tasks
+
+    tasks = synthetic_math_tasks("train", 500, seed=0)
+
+    def make_env() -> Any:
+        return tool_math_env(tasks=tasks[:1], max_turns=args.max_turns, invalid_penalty=0.2)
+
     sampling = SamplingConfig(args.max_new_tokens, temperature=0.0)
     rollout = TaskRollout(make_env, tasks, args.tasks, 1, sampling, seed=0)
     n = args.population_size

@@ -258,14 +258,14 @@ def play_episodes(
     stats = LoopStats()
     start = time.perf_counter()
     feed = EpisodeFeed(len(drivers), schedule, interjections)
+
+    def settle(started: Future, index: int) -> None:  # a start's prompt, or its error
+        error = started.exception()
+        feed.fail(error) if error is not None else feed.arrive(index, started.result())
+
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(drivers)))) as starts:
         for index, driver in enumerate(drivers):
-            arrived = starts.submit(driver.start)
-            arrived.add_done_callback(
-                lambda f, i=index: (
-                    feed.fail(f.exception()) if f.exception() else feed.arrive(i, f.result())
-                )
-            )
+            starts.submit(driver.start).add_done_callback(lambda f, i=index: settle(f, i))
         if feed.as_they_come:
             active = list(drivers)
             if assign is not None:
