@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 import time
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -153,10 +154,9 @@ class Trainer:
             self.server.policy_version = self.budget.steps
             url = self.server.start(c.host, c.port)
             logger.info("serving the policy at %s/v1 (ask/tell: %s/copes/v1/ask)", url, url)
-        start_seconds, start_cpu = self.budget.seconds, self.budget.cpu_seconds
-        clock, cpu_clock = time.perf_counter(), time.process_time()
         if self._validation_due() and not self.log.has("validation", self.budget.steps):
             self.validate()  # step 0, or one a kill lost: the same weights, the same draws
+        clock = _TrainingClock(self.budget)
         bar = tqdm(
             total=c.steps, initial=self.budget.steps, desc="training", disable=not c.progress
         )
@@ -170,8 +170,7 @@ class Trainer:
                     if self.server is not None:  # the weights changed: the policy's new name
                         self.server.policy_version = self.budget.steps
                 self.budget.tokens += stats.generated_tokens
-                self.budget.seconds = start_seconds + time.perf_counter() - clock
-                self.budget.cpu_seconds = start_cpu + time.process_time() - cpu_clock
+                clock.read()
                 if self.optimizer.replays:  # the replay log: on disk before anything else
                     entry = {
                         **stats.log,
@@ -184,10 +183,13 @@ class Trainer:
                 bar.update()
                 bar.set_postfix(reward=f"{stats.metrics['reward_mean']:.3f}")
                 done = self.budget.exhausted(c)
-                if done or (c.eval_every and self.budget.steps % c.eval_every == 0):
-                    self.validate()
-                if done or (c.checkpoint_every and self.budget.steps % c.checkpoint_every == 0):
-                    self.checkpoint()
+                # Bookkeeping is off the budget's clocks: a budget buys training, and methods
+                # that validate or checkpoint at other spacings still get equal training time.
+                with clock.paused():
+                    if done or (c.eval_every and self.budget.steps % c.eval_every == 0):
+                        self.validate()
+                    if done or (c.checkpoint_every and self.budget.steps % c.checkpoint_every == 0):
+                        self.checkpoint()
             if self._final_checkpoint_missing():  # resumed after the last step was logged
                 self.checkpoint()  # (its validation was kept, or made above)
         finally:
@@ -218,6 +220,10 @@ class Trainer:
             "tool_calls_mean": sum(t.tool_calls for t in batch) / n,
             "turns_mean": sum(t.turns for t in batch) / n,
             "invalid_rate": sum(t.end_reason == "invalid" for t in batch) / n,
+            # as copes-eval defines them: any tool call or an answer read; any tool call
+            "protocol_use_rate": sum(t.tool_calls > 0 or t.end_reason == "answer" for t in batch)
+            / n,
+            "tool_use_rate": sum(t.tool_calls > 0 for t in batch) / n,
             "generated_tokens_total": self.budget.tokens,
             "seconds_total": self.budget.seconds,
             "cpu_seconds_total": self.budget.cpu_seconds,
@@ -289,3 +295,26 @@ class Trainer:
             "validation_reward_last": val[-1]["reward_mean"] if val else None,
             "checksum": self.optimizer.fingerprint(self.policy),
         }
+
+
+class _TrainingClock:
+    """The budget's wall and CPU seconds, counting training steps only: from the last
+    `read()` to the end of `paused()` (logging, validation, checkpoints) is left out, and a
+    resumed run counts on from what its budget already holds."""
+
+    def __init__(self, budget: Budget) -> None:
+        self.budget = budget
+        self._base = (budget.seconds, budget.cpu_seconds)
+        self._start = (time.perf_counter(), time.process_time())
+
+    def read(self) -> None:
+        self.budget.seconds = self._base[0] + time.perf_counter() - self._start[0]
+        self.budget.cpu_seconds = self._base[1] + time.process_time() - self._start[1]
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        try:
+            yield
+        finally:
+            self._base = (self.budget.seconds, self.budget.cpu_seconds)
+            self._start = (time.perf_counter(), time.process_time())

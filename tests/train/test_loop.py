@@ -46,6 +46,7 @@ def test_copes_train_writes_every_artifact(tmp_path, tiny):
         assert key in train[0]
     for r in val:  # every validation episode either answered, ran out of turns or went invalid
         assert 0.0 <= r["invalid_rate"] <= 1.0 and 0.0 <= r["accuracy"] <= 1.0
+        assert 0.0 <= r["tool_use_rate"] <= r["protocol_use_rate"] <= 1.0
     assert [e["step"] for e in read_jsonl(out / "es_log.jsonl")] == [0, 1]
     assert len(read_jsonl(out / "es_log.jsonl")[0]["rewards"]) == 4
     assert (out / "learning_curve.png").stat().st_size > 1000
@@ -167,6 +168,39 @@ def test_a_cpu_seconds_budget_ends_the_run_and_resume_keeps_counting(tmp_path, t
     more = [r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "train"]
     assert more[: len(train)] == train and len(more) > len(train)
     assert more[len(train)]["cpu_seconds_total"] > spent[-1] and more[-1]["cpu_seconds_total"] >= 4
+
+
+def test_validation_and_checkpoints_are_off_the_budget_clocks(tmp_path, tiny, monkeypatch):
+    """A budget buys training steps: a slow validation (here one that also burns 2 CPU
+    seconds and sleeps 2 s) adds nothing to seconds_total or cpu_seconds_total, so methods
+    that validate at other spacings get the same training time."""
+    from copes.train.loop import Trainer
+
+    validate = Trainer.validate
+
+    def slow_validate(self):
+        start = time.process_time()
+        while time.process_time() - start < 2.0:  # CPU seconds the budget must not see
+            pass
+        time.sleep(2.0)
+        return validate(self)
+
+    monkeypatch.setattr(Trainer, "validate", slow_validate)
+    out = tmp_path / "run"
+    wall = time.perf_counter()
+    assert train_main([*ES_FAST, *tiny, "--steps", "2", "--eval-every", "1",
+                       "--out-dir", str(out)]) == 0  # fmt: skip
+    wall = time.perf_counter() - wall
+    records = read_jsonl(out / "metrics.jsonl")
+    train = [r for r in records if r["kind"] == "train"]
+    val = [r for r in records if r["kind"] == "validation"]
+    assert [r["step"] for r in val] == [0, 1, 2]  # two of them between or after the steps
+    # step 1's seconds are its own: not the 2 CPU s and 4 wall s of the validation before it
+    step_cpu = train[1]["cpu_seconds_total"] - train[0]["cpu_seconds_total"]
+    step_wall = train[1]["seconds_total"] - train[0]["seconds_total"]
+    assert 0 < step_cpu < 2.0 and 0 < step_wall < 4.0, (step_cpu, step_wall)
+    assert train[-1]["seconds_total"] < wall - 8.0  # the two in-loop validations left out
+    assert [r["seconds_total"] for r in val[1:]] == [r["seconds_total"] for r in train]
 
 
 def test_errors_are_clear(tmp_path, tiny, capsys):
