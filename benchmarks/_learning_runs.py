@@ -1,4 +1,4 @@
-"""One run of the learning benchmark: train under a budget, then pass@k on the test split.
+"""One run of the learning benchmarks: train under a budget, then pass@k on a test split.
 
 A run is a `copes.train.Trainer` run in its own folder plus an unbiased pass@k evaluation of
 the final weights (`copes.evaluation.runner.evaluate`). `result.json`, written atomically at
@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import resource
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -39,6 +40,11 @@ class RunSpec:
     passk_n: int = 4
     passk_ks: tuple[int, ...] = (1, 4)
     passk_tasks: int = 32
+    # the final test: a registered benchmark (its files in train["data_dir"]) or, by default,
+    # the env's synthetic test split; temperature 0 is greedy
+    passk_benchmark: str | None = None
+    passk_split: str | None = None
+    passk_temperature: float = 1.0
 
 
 def read_result(run_dir: str | Path) -> dict[str, Any] | None:
@@ -101,7 +107,7 @@ def train_config(spec: RunSpec) -> Any:
             "max_seconds": float(spec.budget) if spec.budget_kind == "seconds" else None,
             "max_cpu_seconds": float(spec.budget) if spec.budget_kind == "cpu-seconds" else None,
             # ES replays its seed log on resume, so it needs no intermediate checkpoint.
-            "checkpoint_every": 0 if es else 2 * method_train.get("eval_every", 1),
+            "checkpoint_every": 0 if es else method_train.get("eval_every", 1),
             "keep_checkpoints": 1,
             "seed": spec.seed,
             "tensorboard": False,
@@ -125,26 +131,39 @@ def curve_of(run_dir: Path) -> dict[str, list[float]]:
         "cpu-seconds": [r.get("cpu_seconds_total", 0.0) for r in val],
         "accuracy": [r["accuracy"] for r in val],
         "reward": [r["reward_mean"] for r in val],
+        "protocol_use": [r.get("protocol_use_rate") for r in val],
+        "tool_use": [r.get("tool_use_rate") for r in val],
+        "invalid": [r.get("invalid_rate") for r in val],
     }
 
 
-def pass_at_k(spec: RunSpec, policy: Any) -> dict[str, float]:
-    """Unbiased pass@k of the final weights on the env's synthetic test split."""
+def final_test(spec: RunSpec, policy: Any, out_dir: str | Path) -> dict[str, float]:
+    """Unbiased pass@k of `policy` on the spec's final test (default: the env's synthetic
+    test split), with the training episodes' prompt (demonstrations, turns, tokens)."""
     from copes.agents.policy import SamplingConfig
     from copes.evaluation.runner import evaluate
 
-    benchmark = "synthetic-math" if spec.env == "ToolMath-v0" else "synthetic-qa"
-    sampling = SamplingConfig(spec.train.get("max_new_tokens", 96), temperature=1.0, seed=spec.seed)
+    benchmark = spec.passk_benchmark or (
+        "synthetic-math" if spec.env == "ToolMath-v0" else "synthetic-qa"
+    )
+    sampling = SamplingConfig(
+        spec.train.get("max_new_tokens", 96), temperature=spec.passk_temperature, seed=spec.seed
+    )
     report = evaluate(
         policy, [benchmark], n=spec.passk_n, ks=spec.passk_ks, sampling=sampling,
-        limit=spec.passk_tasks, out_dir=Path(spec.run_dir) / "passk", progress=False,
+        limit=spec.passk_tasks, out_dir=out_dir, progress=False,
         max_turns=spec.train.get("max_turns", 4), model_name=spec.method,
+        data_dir=spec.train.get("data_dir"), split=spec.passk_split,
+        demonstrations=spec.train.get("demonstrations", 0),
     )  # fmt: skip
     result = report.benchmarks[benchmark]
     return {
         **{f"pass@{k}": float(v) for k, v in result.pass_at_k.items()},
         "mean@n": float(result.mean_at_n),
         "problems": result.num_problems,
+        "protocol_use_rate": result.protocol_use_rate,
+        "tool_use_rate": result.tool_use_rate,
+        "invalid_rate": result.invalid_rate,
     }
 
 
@@ -160,7 +179,7 @@ def run_one(spec: RunSpec) -> dict[str, Any]:
     done = read_result(spec.run_dir)
     if done is not None:
         return done
-    start = time.perf_counter()
+    start, load_at_start = time.perf_counter(), os.getloadavg()
     try:
         from copes.train import Trainer
 
@@ -169,7 +188,7 @@ def run_one(spec: RunSpec) -> dict[str, Any]:
         Path(spec.run_dir).mkdir(parents=True, exist_ok=True)
         trainer = Trainer(config, overrides)
         summary = trainer.run()
-        passk = pass_at_k(spec, trainer.policy)
+        passk = final_test(spec, trainer.policy, Path(spec.run_dir) / "passk")
         record = {
             "spec": asdict(spec),
             "summary": summary,
@@ -178,7 +197,11 @@ def run_one(spec: RunSpec) -> dict[str, Any]:
             # this invocation only (a resumed run counts its last part); under shared cores
             # an upper bound: the load average says how shared they were
             "wall_seconds": round(time.perf_counter() - start, 1),
+            "load_average_at_start": load_at_start,
             "load_average_at_end": os.getloadavg(),
+            # of the process that ran it (real_model.py: a fresh process per run)
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
+            "pid": os.getpid(),
         }
         _write_atomic(Path(spec.run_dir) / RESULT_FILE, record)
         return record

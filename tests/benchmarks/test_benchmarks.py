@@ -267,3 +267,50 @@ def test_a_cpu_seconds_budget_reaches_the_trainer_and_the_curves(tmp_path):
     assert curve["cpu-seconds"] == [0.0, 3.0, 6.0] and curve["seconds"] == [0.0, 2.0, 4.0]
     cut, overshoot = run_curve({"curve": curve}, "cpu-seconds", 5.0)
     assert cut.budgets == (0.0, 3.0, 5.0) and overshoot == 1.0
+
+
+def gsm8k_like(folder: Path, n: int) -> Path:
+    """A GSM8K-schema train and test file (question; answer ending '#### n') of n problems."""
+    (folder / "gsm8k").mkdir(parents=True)
+    for split in ("train", "test"):
+        rows = [{"question": f"What is {i} * 7 + {split == 'test'}?",
+                 "answer": f"{i} * 7 = {7 * i}\n#### {7 * i + (split == 'test')}"}
+                for i in range(n)]  # fmt: skip
+        text = "".join(json.dumps(r) + "\n" for r in rows)
+        (folder / "gsm8k" / f"{split}.jsonl").write_text(text)
+    return folder
+
+
+@pytest.mark.slow
+def test_real_model_quick_end_to_end(tmp_path, tiny_agent_dir):
+    """The real-model experiment's whole pipeline on the tiny agent: the held-out split of
+    the train file, every method under a CPU-seconds budget in its own process, the report
+    with protocol and invalid rates, peak RSS and the base model's test; a second invocation
+    trains nothing again."""
+    shared = gsm8k_like(tmp_path / "shared", 140)
+    args = [BENCHMARKS / "real_model.py", "--quick", "--model", tiny_agent_dir,
+            "--data-dir", shared, "--runs-dir", tmp_path / "runs",
+            "--results-dir", tmp_path / "results"]  # fmt: skip
+    stdout = run_script(*args)
+    data = tmp_path / "runs" / "data" / "gsm8k"
+    train = (shared / "gsm8k" / "train.jsonl").read_text().splitlines()
+    assert (data / "train.jsonl").read_text().splitlines() == train[:-128]
+    assert (data / "validation.jsonl").read_text().splitlines() == train[-128:]
+    out = json.loads((tmp_path / "results" / "real_model-quick.json").read_text())
+    assert set(out["methods"]) == {"es", "copes-k2", "copes-k4", "grpo", "lora-grpo"}
+    assert not out["failed_runs"] and out["budget_kind"] == "cpu-seconds"
+    assert 0 <= out["base_model_test"]["pass@1"] <= 1
+    assert out["base_model_test"]["problems"] == 4
+    pids = set()
+    for name, run in out["runs"].items():
+        assert run["cpu_seconds"] >= out["budget"] and run["steps"] >= 1, name
+        for key in ("protocol_use_rate", "tool_use_rate", "invalid_rate", "validation_accuracy"):
+            assert all(0 <= v <= 1 for v in run[key]), (name, key)
+        assert run["peak_rss_mb"] > 100 and 0 <= run["test_pass@1"] <= 1
+        spec = json.loads((tmp_path / "runs" / f"{name}" / "config.json").read_text())
+        assert spec["train"]["benchmark"] == "gsm8k" and spec["train"]["eval_tasks"] == 8
+        pids.add(json.loads((tmp_path / "runs" / name / "result.json").read_text())["pid"])
+    assert len(pids) == len(out["runs"])  # each run in its own process
+    assert "| es-seed0 |" in stdout and "base model: GSM8K test pass@1" in stdout
+    again = run_script(*args)
+    assert "[real_model]" not in again.replace("[real_model] wrote", "")  # nothing trained

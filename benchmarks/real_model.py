@@ -1,0 +1,405 @@
+"""The paper's experiment on a real pretrained LM, on a CPU: ES vs CoPES vs GRPO post-training
+SmolLM2-135M-Instruct on GSM8K with its Python calculator, at equal CPU seconds.
+
+Every method trains the same model (bfloat16, two worked examples played as earlier turns, the
+tool protocol of copes' envs) on real GSM8K train problems under the same budget of the run's
+own CPU seconds (`copes-train --max-cpu-seconds`: robust to other work on the cores; the budget
+counts training steps, not validation). Validation: 128 GSM8K train problems held out of the
+training pool (the last 128 of the file), greedy, at the start and every few steps. The end of
+every run: greedy pass@1 on the first 256 GSM8K test problems, the same prompt. The report
+(benchmarks/results/real_model[-NAME].{json,png,md}) gives per method the validation curve
+against CPU seconds, protocol-use and invalid rates, tokens, peak RSS, and each ES method's
+share of GRPO's gain at GRPO's best validation point (the paper's measure; copes/evaluation/
+curves.py), with the base model's GSM8K test pass@1 beside the final checkpoints'.
+
+    python benchmarks/real_model.py --sweep                 # the hyper-parameter sweep (seed 100)
+    python benchmarks/real_model.py --seeds 0               # one seed of every method
+    python benchmarks/real_model.py --methods grpo,es,copes-k4 --seeds 0 1 2
+    python benchmarks/real_model.py --quick                 # CI smoke: the tiny agent, seconds
+
+Why GSM8K and not the synthetic tasks: measured before any training (docs/results.md), the base
+model's sampled pass@4 is 0/32 on synthetic ToolMath and 1/32 on GSM8K train, so real problems
+are the only ones with any reward to learn from, and they are what the final test measures.
+
+Runs live in --runs-dir, one folder each, each trained in a fresh process (its peak RSS is its
+own); a killed benchmark started again with the same arguments resumes the unfinished runs
+(`--resume`: ES/CoPES replay their seed log, GRPO restarts from its last checkpoint) and reads
+the finished ones back, so a long comparison is spread over sessions without losing a step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import multiprocessing
+import os
+import platform
+import resource
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the _learning_* helpers
+
+from _learning_report import summarize, write_outputs
+from _learning_runs import RunSpec, check_finished_runs, read_result, run_one
+
+HELD_OUT = 128  # the last GSM8K train problems: the validation set, never trained on
+
+# ---------------------------------------------------------------------- hyper-parameters
+# fmt: off
+# One row per method; every key is a copes-train flag. The rows start from the published
+# defaults (ES: Qiu et al.'s sigma 1e-3 and alpha 5e-4, shared/PAPER.md; GRPO: group 8 and
+# TRL's learning rate 1e-6; LoRA-GRPO: rank 16 at 1e-5), then `--sweep` sets them (below).
+# N = 8 with antithetic pairs keeps one mirrored pair per subspace at K = 4 (N_k = 2); batch 4
+# tasks, so a step of any method rolls out 32 episodes (ES: 8 members x 4; GRPO: 4 tasks x 8).
+# Validation every 3 GRPO steps (about 9 fit the budget: 4-5 curve points, GRPO's best among
+# them is the paper's reference) and every 6 ES steps (30 or so fit: 6-7 points).
+ES = {"population_size": 8, "sigma": 1e-3, "learning_rate": 5e-4, "antithetic": True,
+      "eval_every": 6}
+GRPO = {"group_size": 8, "micro_batch_size": 8, "temperature": 1.0, "eval_every": 3}
+METHODS: dict[str, dict[str, Any]] = {
+    "es":        {"optimizer": "es",        **ES, "num_subspaces": 1},
+    "copes-k2":  {"optimizer": "copes",     **ES, "num_subspaces": 2},
+    "copes-k4":  {"optimizer": "copes",     **ES, "num_subspaces": 4},
+    "grpo":      {"optimizer": "grpo",      **GRPO, "learning_rate": 1e-6},
+    "lora-grpo": {"optimizer": "lora-grpo", **GRPO, "learning_rate": 1e-5},
+}
+# The sweep (`--sweep`), sized to 2 cores: every trial a third of the budget on seed 100, never
+# a reported seed, validated at its start and end only. GRPO and LoRA-GRPO: learning rate x
+# {1, 10}. The ES family shares one row (alpha, sigma), swept on plain ES (K = 1), which
+# favours the baseline, not CoPES: alpha x {1, 10}, then sigma x 2 at the better alpha; CoPES
+# keeps its own sqrt(K) sigma scaling. The best final validation accuracy wins, ties broken by
+# the final validation reward (the trained objective, penalties included), then by the
+# published default. The trials and the table used are written to the JSON ("sweep").
+SWEEP_LR_FACTORS = (1.0, 10.0)
+SWEEP_SIGMA_FACTORS = (2.0,)
+SWEEP_SEED = 100
+SWEPT = {"es": ("es", "copes-k2", "copes-k4"), "grpo": ("grpo",), "lora-grpo": ("lora-grpo",)}
+
+# Shared settings of every run. invalid_penalty: -0.2 per turn with neither a closed tool call
+# nor an answer (copes' shaping for models that have not learnt the protocol; every method
+# gets it). 3 turns: a call, its result read, an answer, with one turn to spare.
+TRAIN = {"model": "smollm2-135m", "dtype": "bfloat16", "demonstrations": 2,
+         "benchmark": "gsm8k", "train_split": "train", "eval_split": "validation",
+         "batch_size": 4, "max_new_tokens": 96, "max_turns": 3, "eval_tasks": HELD_OUT,
+         "num_train_tasks": 7473 - HELD_OUT, "invalid_penalty": 0.2}
+FINAL = {"passk_benchmark": "gsm8k", "passk_split": "test", "passk_tasks": 256, "passk_n": 1,
+         "passk_ks": (1,), "passk_temperature": 0.0}
+BUDGET = 1800.0  # CPU seconds per run (one thread: 30 minutes of one core)
+QUICK = {"model": "tiny", "budget": 12.0, "train": {"batch_size": 2, "max_new_tokens": 32,
+         "eval_tasks": 8, "num_train_tasks": 40, "demonstrations": 0, "dtype": "float32"},
+         "final": {"passk_tasks": 4}, "eval_every": 2}
+# fmt: on
+
+
+def held_out_data(shared: Path, into: Path) -> Path:
+    """A data folder whose gsm8k/ holds the train file split in two: train (all but the last
+    `HELD_OUT` problems) and validation (those). The published file is read, never changed;
+    the test file is linked as it is. Returns the folder (written again only if it differs)."""
+    source = shared / "gsm8k" / "train.jsonl"
+    test = shared / "gsm8k" / "test.jsonl"
+    for path in (source, test):
+        if not path.is_file():
+            raise SystemExit(
+                f"real_model.py: {path} is missing; pass --data-dir with the benchmarks' "
+                "files (gsm8k/train.jsonl and gsm8k/test.jsonl, see docs/evaluation.md)"
+            )
+    lines = source.read_text().splitlines(keepends=True)
+    parts = {"train.jsonl": lines[:-HELD_OUT], "validation.jsonl": lines[-HELD_OUT:],
+             "test.jsonl": test.read_text().splitlines(keepends=True)}  # fmt: skip
+    folder = into / "gsm8k"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, part in parts.items():
+        text = "".join(part)
+        path = folder / name
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+    return into
+
+
+def file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def method_table(quick: bool) -> dict[str, dict[str, Any]]:
+    table = {m: dict(s) for m, s in METHODS.items()}
+    if quick:
+        for settings in table.values():
+            settings["eval_every"] = QUICK["eval_every"]
+            if "population_size" in settings:
+                settings["population_size"] = 2 * settings.get("num_subspaces", 1)
+            else:
+                settings["group_size"] = settings["micro_batch_size"] = 2
+    return table
+
+
+def plan(
+    table: dict[str, dict[str, Any]],
+    seeds: list[int],
+    args: argparse.Namespace,
+    data_dir: Path,
+    budget: float,
+    runs_dir: Path,
+) -> list[RunSpec]:
+    train = {**TRAIN, "data_dir": str(data_dir)}
+    final = dict(FINAL)
+    model = TRAIN["model"]
+    if args.quick:
+        train.update(QUICK["train"])
+        final.update(QUICK["final"])
+        model = QUICK["model"]
+    del train["model"]
+    return [
+        RunSpec(
+            method=m,
+            seed=seed,
+            settings=table[m],
+            run_dir=str(runs_dir / f"{m}-seed{seed}"),
+            model=args.model or model,
+            env="ToolMath-v0",
+            budget_kind="cpu-seconds",
+            budget=budget,
+            train=train,
+            **final,
+        )
+        for m in table
+        for seed in seeds
+    ]
+
+
+def execute(specs: list[RunSpec], workers: int) -> list[dict[str, Any]]:
+    """Every run in a fresh process (`max_tasks_per_child=1`: its peak RSS is its own),
+    `workers` at a time, one thread each; finished runs are read back."""
+    try:
+        check_finished_runs(specs)
+    except ValueError as exc:
+        raise SystemExit(f"real_model.py: {exc}") from None
+    todo = [s for s in specs if read_result(s.run_dir) is None]
+    records = {s.run_dir: read_result(s.run_dir) for s in specs if s not in todo}
+    if todo:
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(workers, mp_context=context, max_tasks_per_child=1) as pool:
+            for spec, record in zip(todo, pool.map(run_one, todo), strict=True):
+                state = "FAILED" if "error" in record else "done"
+                print(f"[real_model] {spec.method} seed {spec.seed}: {state}", flush=True)
+                records[spec.run_dir] = record
+    return [records[s.run_dir] for s in specs]
+
+
+def _score(record: dict[str, Any]) -> tuple[float, float]:
+    if "error" in record:
+        return (-1.0, -1.0)
+    return (record["curve"]["accuracy"][-1], record["curve"]["reward"][-1])
+
+
+def _round(value: float) -> float:
+    return float(f"{value:.6g}")  # 1e-05, not 9.999999999999999e-06, in the JSON and flags
+
+
+def _trial(method: str, name: str, settings: dict[str, Any], record: dict[str, Any]) -> dict:
+    accuracy, reward = _score(record)
+    return {"method": method, "trial": name, "settings": settings,
+            "final_accuracy": accuracy, "final_reward": reward}  # fmt: skip
+
+
+def sweep(
+    args: argparse.Namespace, table: dict[str, dict[str, Any]], data_dir: Path, budget: float,
+    runs_dir: Path,
+) -> dict[str, Any]:  # fmt: skip
+    """The rows of `table` as SWEPT sets them: learning rates x SWEEP_LR_FACTORS, then (ES)
+    sigma x SWEEP_SIGMA_FACTORS at the better rate; a third of the budget each, seed
+    SWEEP_SEED. Returns the new table and every trial."""
+
+    def trials(rows: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        rows = {n: {**r, "eval_every": 0} for n, r in rows.items()}  # start and end only
+        specs = plan(rows, [SWEEP_SEED], args, data_dir, budget / 3, runs_dir / "sweep")
+        return {s.method: r for s, r in zip(specs, execute(specs, args.workers), strict=True)}
+
+    swept = [m for m in SWEPT if m in table or any(t in table for t in SWEPT[m])]
+    base = {m: METHODS[m] for m in swept}
+    rows = {
+        f"{m}-lr{f:g}": {**base[m], "learning_rate": _round(base[m]["learning_rate"] * f)}
+        for m in swept
+        for f in SWEEP_LR_FACTORS
+    }
+    results = trials(rows)
+    chosen, log = {}, []
+    for m in swept:  # max() keeps the first of equals: factor 1, the published default
+        names = [f"{m}-lr{f:g}" for f in SWEEP_LR_FACTORS]
+        log += [_trial(m, n, rows[n], results[n]) for n in names]
+        chosen[m] = max(names, key=lambda n: _score(results[n]))
+    sigma_rows = {
+        f"{m}-sigma{f:g}": {**rows[chosen[m]], "sigma": _round(rows[chosen[m]]["sigma"] * f)}
+        for m in swept
+        if "sigma" in base[m]
+        for f in SWEEP_SIGMA_FACTORS
+    }
+    results.update(trials(sigma_rows))
+    rows.update(sigma_rows)
+    for name in sigma_rows:
+        m = name.rsplit("-sigma", 1)[0]
+        log.append(_trial(m, name, rows[name], results[name]))
+        if _score(results[name]) > _score(results[chosen[m]]):
+            chosen[m] = name
+    new = dict(table)
+    for m in swept:
+        keys = ("learning_rate", "sigma")
+        for target in SWEPT[m]:
+            if target in new:
+                new[target] = {**new[target], **{k: rows[chosen[m]][k] for k in keys
+                                                 if k in rows[chosen[m]]}}  # fmt: skip
+    return {"table": new, "chosen": chosen, "trials": log, "seed": SWEEP_SEED,
+            "budget": budget / 3}  # fmt: skip
+
+
+def base_model_test(args: argparse.Namespace, data_dir: Path, runs_dir: Path) -> dict[str, Any]:
+    """The base model's greedy pass@1 on the final test, with the runs' prompt and settings."""
+    out = runs_dir / "base-test"
+    done = out / "result.json"
+    if done.exists():
+        return json.loads(done.read_text())
+    context = multiprocessing.get_context("spawn")
+    spec = plan({"base": {}}, [0], args, data_dir, 0.0, runs_dir)[0]
+    with ProcessPoolExecutor(1, mp_context=context) as pool:
+        result = pool.submit(_evaluate_base, spec, str(out)).result()
+    done.write_text(json.dumps(result, indent=2))
+    return result
+
+
+def _evaluate_base(spec: RunSpec, out: str) -> dict[str, Any]:
+    import torch
+    from _learning_runs import final_test
+
+    from copes.agents.loading import load_policy
+
+    torch.set_num_threads(int(os.environ.get("COPES_BENCH_THREADS", "1")))
+    policy = load_policy(spec.model, device="cpu", dtype=spec.train.get("dtype"))
+    return final_test(spec, policy, out)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="CI smoke: the tiny agent, seconds")
+    p.add_argument("--model", help="override the model (default: smollm2-135m; quick: tiny)")
+    p.add_argument("--methods", help=f"comma-separated subset of {', '.join(METHODS)}")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0])
+    p.add_argument("--budget", type=float, help=f"CPU seconds per run (default {BUDGET:g})")
+    p.add_argument("--sweep", action="store_true", help="run the sweep, then use its table")
+    p.add_argument("--workers", type=int, default=2, help="runs in parallel, one thread each")
+    p.add_argument("--data-dir", default=str(Path(__file__).resolve().parents[2] / "shared" /
+                   "benchmarks"), help="the benchmarks' files (holding gsm8k/)")  # fmt: skip
+    p.add_argument("--runs-dir", help="default: runs/benchmarks/<name>")
+    p.add_argument("--results-dir", default="benchmarks/results")
+    p.add_argument("--name", help="output file stem (default: real_model[-quick])")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    os.environ.setdefault("COPES_BENCH_THREADS", "1")
+    table = method_table(args.quick)
+    if args.methods:
+        wanted = args.methods.split(",")
+        unknown = [m for m in wanted if m not in table]
+        if unknown:
+            raise SystemExit(
+                f"real_model.py: unknown method(s) {unknown}; choose from {list(table)}"
+            )
+        table = {m: table[m] for m in wanted}
+    name = args.name or ("real_model-quick" if args.quick else "real_model")
+    runs_dir = Path(args.runs_dir or f"runs/benchmarks/{name}")
+    budget = args.budget or (QUICK["budget"] if args.quick else BUDGET)
+    shared = Path(args.data_dir)
+    data_dir = held_out_data(shared, runs_dir / "data")
+    start = time.perf_counter()
+    tuning = sweep(args, table, data_dir, budget, runs_dir) if args.sweep else None
+    if tuning:
+        table = tuning["table"]
+    records = execute(plan(table, args.seeds, args, data_dir, budget, runs_dir), args.workers)
+    base = base_model_test(args, data_dir, runs_dir)
+    summary = summarize(records, list(table), "cpu-seconds", budget)
+    runs = {f"{r['spec']['method']}-seed{r['spec']['seed']}": run_facts(r) for r in records}
+    meta = {
+        "benchmark": "real_model",
+        "command": "python benchmarks/real_model.py " + " ".join(argv or sys.argv[1:]),
+        "model": records[0]["spec"]["model"] if records else None,
+        "seeds": args.seeds,
+        "budget_kind": "cpu-seconds",
+        "hyperparameters": table,
+        "sweep": tuning,
+        "train_settings": plan(table, [0], args, data_dir, budget, runs_dir)[0].train,
+        "final_test": {**FINAL, **(QUICK["final"] if args.quick else {})},
+        "data": {
+            "train_file": str(shared / "gsm8k" / "train.jsonl"),
+            "train_file_sha256": file_digest(shared / "gsm8k" / "train.jsonl"),
+            "held_out": f"the last {HELD_OUT} problems of the train file",
+        },
+        "base_model_test": base,
+        "runs": runs,
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "threads_per_run": int(os.environ["COPES_BENCH_THREADS"]),
+            "workers": args.workers,
+        },
+        "wall_seconds": round(time.perf_counter() - start, 1),  # this invocation
+        "peak_rss_mb_of_this_process": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
+    }
+    title = f"GSM8K with a calculator, {Path(meta['model'] or '').name}, equal CPU seconds"
+    paths = write_outputs(summary, meta, Path(args.results_dir), name, title)
+    print(paths["md"].read_text())
+    print(runs_table(runs, base))
+    print(f"[real_model] wrote {', '.join(str(p) for p in paths.values())}")
+    return {**meta, **summary}
+
+
+def run_facts(record: dict[str, Any]) -> dict[str, Any]:
+    """One run's numbers beside its curve: rates at the last validation, resources, test."""
+    if "error" in record:
+        return {"error": record["error"][-400:]}
+    curve = record["curve"]
+    return {
+        "steps": record["summary"]["steps"],
+        "cpu_seconds": record["summary"]["cpu_seconds"],
+        "generated_tokens": record["summary"]["generated_tokens"],
+        "validation_accuracy": [curve["accuracy"][0], curve["accuracy"][-1]],
+        "protocol_use_rate": [curve["protocol_use"][0], curve["protocol_use"][-1]],
+        "tool_use_rate": [curve["tool_use"][0], curve["tool_use"][-1]],
+        "invalid_rate": [curve["invalid"][0], curve["invalid"][-1]],
+        "peak_rss_mb": record.get("peak_rss_mb"),
+        "load_average": [record.get("load_average_at_start"), record.get("load_average_at_end")],
+        "test_pass@1": record["pass_at_k"].get("pass@1"),
+    }
+
+
+def runs_table(runs: dict[str, dict[str, Any]], base: dict[str, Any]) -> str:
+    lines = [
+        f"base model: GSM8K test pass@1 {base.get('pass@1', float('nan')):.3f}",
+        "| run | steps | tokens | val acc (first -> last) | protocol use | tool use | invalid "
+        "| peak RSS MB | test pass@1 |",
+        "|---|---:|---:|---|---|---|---|---:|---:|",
+    ]
+
+    def pair(first_last: list[float]) -> str:
+        return f"{first_last[0]:.3f} -> {first_last[1]:.3f}"
+
+    for name, r in runs.items():
+        if "error" in r:
+            lines.append(f"| {name} | FAILED | | | | | | | |")
+            continue
+        lines.append(
+            f"| {name} | {r['steps']} | {r['generated_tokens']:,} "
+            f"| {pair(r['validation_accuracy'])} "
+            f"| {pair(r['protocol_use_rate'])} | {pair(r['tool_use_rate'])} "
+            f"| {pair(r['invalid_rate'])} "
+            f"| {r['peak_rss_mb']} | {r['test_pass@1']:.3f} |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
