@@ -198,7 +198,10 @@ def test_population_batch_small_end_to_end(tmp_path, tiny_agent_dir, noise):
     out = json.loads(out_file.read_text())
     assert out["noise"] == noise and out["noise_rank"] == (2 if noise == "lowrank" else 0)
     assert out["demonstrations"] == 1 and out["batched_over_raw"] > 0
-    assert all(r["raw_generate_seconds"] > 0 for r in out["runs"])
+    assert out["batched_over_mean_length"] > 0
+    assert all(
+        r["raw_generate_seconds"] > 0 and r["mean_length_generate_seconds"] > 0 for r in out["runs"]
+    )
     assert out["rows"] == 12 and set(out["by_rows"]) == {"12", "4"}
     assert out["rewards_match"] == 1.0 and out["episodes_identical"] == 1.0
     assert out["ratio"] == out["by_rows"]["12"]["ratio"] > 0
