@@ -40,7 +40,7 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the _learning_* helpers
 
@@ -104,9 +104,9 @@ def held_out_data(shared: Path, into: Path) -> Path:
     test = shared / "gsm8k" / "test.jsonl"
     for path in (source, test):
         if not path.is_file():
-            raise SystemExit(
-                f"real_model.py: {path} is missing; pass --data-dir with the benchmarks' "
-                "files (gsm8k/train.jsonl and gsm8k/test.jsonl, see docs/evaluation.md)"
+            fail(
+                f"{path} is missing; pass --data-dir with the benchmarks' files "
+                "(gsm8k/train.jsonl and gsm8k/test.jsonl, see docs/evaluation.md)"
             )
     lines = source.read_text().splitlines(keepends=True)
     parts = {"train.jsonl": lines[:-HELD_OUT], "validation.jsonl": lines[-HELD_OUT:],
@@ -119,6 +119,25 @@ def held_out_data(shared: Path, into: Path) -> Path:
         if not path.exists() or path.read_text() != text:
             path.write_text(text)
     return into
+
+
+def fail(message: str) -> NoReturn:
+    """A user error: one line on stderr, exit status 2."""
+    print(f"real_model.py: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def _run_logged(spec: RunSpec) -> dict[str, Any]:
+    """`run_one` with the trainer's log lines (every validation) on stderr, named by run:
+    a run takes most of an hour, and its progress should show."""
+    import logging
+
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s {spec.method} seed {spec.seed}: %(message)s"
+    )
+    for noisy in ("httpx", "copes.envs.tasks.builtin", "copes.agents.gguf"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    return run_one(spec)
 
 
 def file_digest(path: Path) -> str:
@@ -177,13 +196,13 @@ def execute(specs: list[RunSpec], workers: int) -> list[dict[str, Any]]:
     try:
         check_finished_runs(specs)
     except ValueError as exc:
-        raise SystemExit(f"real_model.py: {exc}") from None
+        fail(str(exc))
     todo = [s for s in specs if read_result(s.run_dir) is None]
     records = {s.run_dir: read_result(s.run_dir) for s in specs if s not in todo}
     if todo:
         context = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(workers, mp_context=context, max_tasks_per_child=1) as pool:
-            for spec, record in zip(todo, pool.map(run_one, todo), strict=True):
+            for spec, record in zip(todo, pool.map(_run_logged, todo), strict=True):
                 state = "FAILED" if "error" in record else "done"
                 print(f"[real_model] {spec.method} seed {spec.seed}: {state}", flush=True)
                 records[spec.run_dir] = record
@@ -306,9 +325,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         wanted = args.methods.split(",")
         unknown = [m for m in wanted if m not in table]
         if unknown:
-            raise SystemExit(
-                f"real_model.py: unknown method(s) {unknown}; choose from {list(table)}"
-            )
+            fail(f"unknown method(s) {unknown}; choose from {list(table)}")
         table = {m: table[m] for m in wanted}
     name = args.name or ("real_model-quick" if args.quick else "real_model")
     runs_dir = Path(args.runs_dir or f"runs/benchmarks/{name}")

@@ -317,3 +317,20 @@ def test_real_model_quick_end_to_end(tmp_path, tiny_agent_dir):
     assert "| es-seed0 |" in stdout and "base model: GSM8K test pass@1" in stdout
     again = run_script(*args)
     assert "[real_model]" not in again.replace("[real_model] wrote", "")  # nothing trained
+
+
+def test_real_model_user_errors_are_one_line_exit_2(tmp_path):
+    """A missing benchmark file or an unknown method: one line naming the fix, exit 2, and
+    nothing written."""
+    script = BENCHMARKS / "real_model.py"
+    for extra, says in (
+        (["--data-dir", tmp_path / "nowhere"], "gsm8k/train.jsonl is missing; pass --data-dir"),
+        (["--methods", "es,adam"], "unknown method(s) ['adam']; choose from"),
+    ):
+        proc = subprocess.run(
+            [sys.executable, script, "--runs-dir", tmp_path / "runs", *extra], cwd=ROOT,
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert proc.returncode == 2 and says in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "runs").exists()
