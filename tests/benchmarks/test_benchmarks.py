@@ -334,3 +334,23 @@ def test_real_model_user_errors_are_one_line_exit_2(tmp_path):
         assert proc.returncode == 2 and says in proc.stderr, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "runs").exists()
+
+
+def test_bf16_perturbation_measures_what_rounding_swallows(tmp_path, tiny_agent_dir):
+    """In float32 a member's noise arrives whole; in bfloat16 less of it moves a weight at a
+    smaller sigma, and what arrives points the intended way."""
+    sys.path.insert(0, str(BENCHMARKS))
+    from bf16_perturbation import main
+
+    runs = {
+        dtype: main(["--model", str(tiny_agent_dir), "--dtype", dtype, "--sigmas", "1e-4",
+                     "1e-2", "--out", str(tmp_path / f"{dtype}.json")])["by_sigma"]
+        for dtype in ("float32", "bfloat16")
+    }  # fmt: skip
+    for sigma in ("0.0001", "0.01"):
+        exact = runs["float32"][sigma]["all"]
+        assert exact["cosine"] == pytest.approx(1.0, abs=1e-4) and exact["moved"] > 0.99
+    small, large = runs["bfloat16"]["0.0001"]["all"], runs["bfloat16"]["0.01"]["all"]
+    assert small["moved"] < 0.5 < large["moved"] and small["cosine"] < large["cosine"]
+    assert large["cosine"] > 0.99 and large["norm_ratio"] == pytest.approx(1.0, abs=0.02)
+    assert set(runs["bfloat16"]["0.01"]) >= {"norms", "all"}
