@@ -99,7 +99,7 @@ QUICK = {"model": "tiny", "budget": 12.0, "train": {"batch_size": 2, "max_new_to
 def held_out_data(shared: Path, into: Path) -> Path:
     """A data folder whose gsm8k/ holds the train file split in two: train (all but the last
     `HELD_OUT` problems) and validation (those). The published file is read, never changed;
-    the test file is linked as it is. Returns the folder (written again only if it differs)."""
+    the test file is copied as it is. Returns the folder (rewritten only where it differs)."""
     source = shared / "gsm8k" / "train.jsonl"
     test = shared / "gsm8k" / "test.jsonl"
     for path in (source, test):
