@@ -22,6 +22,8 @@ rounding).
 
     python benchmarks/serve_overhead.py                  # N = 16 x 8 tasks: 128 sessions
     python benchmarks/serve_overhead.py --population-size 4 --tasks 3 --in-flight 1 all
+    python benchmarks/serve_overhead.py --model smollm2-135m --dtype bfloat16 \
+        --demonstrations 2 --population-size 4 --tasks 4 --max-new-tokens 96 --repeats 1
 
 Writes benchmarks/results/serve_overhead.json (or --out).
 """
@@ -47,7 +49,9 @@ TARGETS = {"all": ("in_process_batched", 1.3), "16": ("in_process_batched", 1.6)
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="tiny", help="'tiny' or a local Hugging Face folder")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16"])
+    p.add_argument("--demonstrations", type=int, default=0,
+                   help="worked examples before each task (a real model needs them)")  # fmt: skip
     p.add_argument("--population-size", type=int, default=16)
     p.add_argument("--num-subspaces", type=int, default=2)
     p.add_argument("--sigma", type=float, default=0.01)
@@ -119,15 +123,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from copes.train import TaskRollout
 
     policy = HFPolicy.from_pretrained(args.model, device="cpu")
-    if args.dtype == "float64":
-        policy.model.to(torch.float64)
+    if args.dtype != "float32":
+        policy.model.to(getattr(torch, args.dtype))
     from copes.envs.presets import tool_math_env
     from copes.envs.tasks.synthetic_math import synthetic_math_tasks
 
     tasks = synthetic_math_tasks("train", 500, seed=0)
 
     def make_env() -> Any:
-        return tool_math_env(tasks=tasks[:1], max_turns=args.max_turns, invalid_penalty=0.2)
+        return tool_math_env(tasks=tasks[:1], max_turns=args.max_turns, invalid_penalty=0.2,
+                             demonstrations=args.demonstrations)  # fmt: skip
 
     sampling = SamplingConfig(args.max_new_tokens, temperature=0.0)
     rollout = TaskRollout(make_env, tasks, args.tasks, 1, sampling, seed=0)
@@ -263,6 +268,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "command": "python benchmarks/serve_overhead.py " + " ".join(argv or sys.argv[1:]),
         "model": args.model,
         "dtype": args.dtype,
+        "demonstrations": args.demonstrations,
         "population_size": n,
         "num_subspaces": args.num_subspaces,
         "tasks_per_member": args.tasks,
