@@ -13,9 +13,10 @@ import json
 import logging
 import os
 import resource
+import sys
 import time
 import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +57,11 @@ def check_finished_runs(specs: list[RunSpec]) -> None:
     """Refuse to reuse a finished run whose settings differ from the spec asking for it."""
     for spec in specs:
         done = read_result(spec.run_dir)
-        if done is not None and done["spec"] != json.loads(json.dumps(asdict(spec))):
+        # a run recorded before a field existed holds that field's default
+        defaults = {f.name: f.default for f in fields(RunSpec) if f.default is not MISSING}
+        if done is not None and {**json.loads(json.dumps(defaults)), **done["spec"]} != json.loads(
+            json.dumps(asdict(spec))
+        ):
             raise ValueError(
                 f"{spec.run_dir} holds a finished run with other settings than {spec.method} "
                 f"seed {spec.seed} now has (budget, hyper-parameters or evaluation); delete that "
@@ -107,7 +112,8 @@ def train_config(spec: RunSpec) -> Any:
             "max_seconds": float(spec.budget) if spec.budget_kind == "seconds" else None,
             "max_cpu_seconds": float(spec.budget) if spec.budget_kind == "cpu-seconds" else None,
             # ES replays its seed log on resume, so it needs no intermediate checkpoint.
-            "checkpoint_every": 0 if es else method_train.get("eval_every", 1),
+            # GRPO: at every validation (every 3 steps where it never validates mid-run)
+            "checkpoint_every": 0 if es else method_train.get("eval_every") or 3,
             "keep_checkpoints": 1,
             "seed": spec.seed,
             "tensorboard": False,
@@ -167,6 +173,11 @@ def final_test(spec: RunSpec, policy: Any, out_dir: str | Path) -> dict[str, flo
     }
 
 
+def _peak_rss_mb() -> int:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # Linux: KiB; macOS: bytes
+    return peak // (1 << 20) if sys.platform == "darwin" else peak // 1024
+
+
 def run_one(spec: RunSpec) -> dict[str, Any]:
     """Train and evaluate one run (or return its stored result); never raises.
 
@@ -199,8 +210,9 @@ def run_one(spec: RunSpec) -> dict[str, Any]:
             "wall_seconds": round(time.perf_counter() - start, 1),
             "load_average_at_start": load_at_start,
             "load_average_at_end": os.getloadavg(),
-            # of the process that ran it (real_model.py: a fresh process per run)
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
+            # of the process that ran it: this run's own in real_model.py (a fresh process
+            # per run); in learning.py the largest of the runs that process trained
+            "peak_rss_mb": _peak_rss_mb(),
             "pid": os.getpid(),
         }
         _write_atomic(Path(spec.run_dir) / RESULT_FILE, record)

@@ -39,6 +39,8 @@ import resource
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -60,7 +62,9 @@ HELD_OUT = 128  # the last GSM8K train problems: the validation set, never train
 # them is the paper's reference) and every 6 ES steps (30 or so fit: 6-7 points).
 ES = {"population_size": 8, "sigma": 1e-3, "learning_rate": 5e-4, "antithetic": True,
       "eval_every": 6}
-GRPO = {"group_size": 8, "micro_batch_size": 8, "temperature": 1.0, "eval_every": 3}
+# micro-batches of 4 trajectories: at 8, one GRPO run's backward peaked at 12.5 GB of RSS and
+# two side by side were killed for memory on a 24 GB machine (2026-12-05).
+GRPO = {"group_size": 8, "micro_batch_size": 4, "temperature": 1.0, "eval_every": 3}
 METHODS: dict[str, dict[str, Any]] = {
     "es":        {"optimizer": "es",        **ES, "num_subspaces": 1},
     "copes-k2":  {"optimizer": "copes",     **ES, "num_subspaces": 2},
@@ -109,6 +113,16 @@ def held_out_data(shared: Path, into: Path) -> Path:
                 "(gsm8k/train.jsonl and gsm8k/test.jsonl, see docs/evaluation.md)"
             )
     lines = source.read_text().splitlines(keepends=True)
+    if len(lines) <= HELD_OUT:
+        fail(f"{source} has {len(lines)} problems; the experiment holds out the last {HELD_OUT} "
+             "for validation and trains on the rest, so it needs more")  # fmt: skip
+    digests = {"train.jsonl": file_digest(source), "test.jsonl": file_digest(test)}
+    record = into / "source.json"
+    if record.exists() and json.loads(record.read_text())["sha256"] != digests:
+        fail(
+            f"{into} was split from other GSM8K files than {shared / 'gsm8k'} holds now, and "
+            "the runs beside it trained on those; pass another --runs-dir (or delete that one)"
+        )
     parts = {"train.jsonl": lines[:-HELD_OUT], "validation.jsonl": lines[-HELD_OUT:],
              "test.jsonl": test.read_text().splitlines(keepends=True)}  # fmt: skip
     folder = into / "gsm8k"
@@ -118,6 +132,7 @@ def held_out_data(shared: Path, into: Path) -> Path:
         path = folder / name
         if not path.exists() or path.read_text() != text:
             path.write_text(text)
+    record.write_text(json.dumps({"source": str(shared / "gsm8k"), "sha256": digests}, indent=2))
     return into
 
 
@@ -201,11 +216,20 @@ def execute(specs: list[RunSpec], workers: int) -> list[dict[str, Any]]:
     records = {s.run_dir: read_result(s.run_dir) for s in specs if s not in todo}
     if todo:
         context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(workers, mp_context=context, max_tasks_per_child=1) as pool:
-            for spec, record in zip(todo, pool.map(_run_logged, todo), strict=True):
-                state = "FAILED" if "error" in record else "done"
-                print(f"[real_model] {spec.method} seed {spec.seed}: {state}", flush=True)
-                records[spec.run_dir] = record
+        # a fresh process per run where Python has max_tasks_per_child (3.11+); on 3.10 the
+        # workers are reused and a run's peak RSS is the largest of its process's runs
+        fresh = {"max_tasks_per_child": 1} if sys.version_info >= (3, 11) else {}
+        try:
+            with ProcessPoolExecutor(workers, mp_context=context, **fresh) as pool:
+                for spec, record in zip(todo, pool.map(_run_logged, todo), strict=True):
+                    state = "FAILED" if "error" in record else "done"
+                    print(f"[real_model] {spec.method} seed {spec.seed}: {state}", flush=True)
+                    records[spec.run_dir] = record
+        except BrokenProcessPool:  # (a multiprocessing.Pool would wait forever here)
+            fail(
+                "a run's process died (killed: out of memory? see dmesg); every finished "
+                "step is kept: start the same command again, with --workers 1 if memory is short"
+            )
     return [records[s.run_dir] for s in specs]
 
 
@@ -213,6 +237,17 @@ def _score(record: dict[str, Any]) -> tuple[float, float]:
     if "error" in record:
         return (-1.0, -1.0)
     return (record["curve"]["accuracy"][-1], record["curve"]["reward"][-1])
+
+
+def _check_trials(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """A failed trial stops the sweep: choosing without it would pick another table than a
+    later invocation (which retries it) and strand the runs trained with this one."""
+    failed = [name for name, record in results.items() if "error" in record]
+    if failed:
+        last = results[failed[0]]["error"].strip().splitlines()[-1][:200]
+        fail(f"sweep trial(s) {failed} failed ({last}); fix the cause and start again "
+             "(finished trials are kept)")  # fmt: skip
+    return results
 
 
 def _round(value: float) -> float:
@@ -239,13 +274,14 @@ def sweep(
         return {s.method: r for s, r in zip(specs, execute(specs, args.workers), strict=True)}
 
     swept = [m for m in SWEPT if m in table or any(t in table for t in SWEPT[m])]
-    base = {m: METHODS[m] for m in swept}
+    base = {m: method_table(args.quick)[m] for m in swept}
     rows = {
         f"{m}-lr{f:g}": {**base[m], "learning_rate": _round(base[m]["learning_rate"] * f)}
         for m in swept
         for f in SWEEP_LR_FACTORS
     }
     results = trials(rows)
+    _check_trials(results)
     chosen, log = {}, []
     for m in swept:  # max() keeps the first of equals: factor 1, the published default
         names = [f"{m}-lr{f:g}" for f in SWEEP_LR_FACTORS]
@@ -257,7 +293,7 @@ def sweep(
         if "sigma" in base[m]
         for f in SWEEP_SIGMA_FACTORS
     }
-    results.update(trials(sigma_rows))
+    results.update(_check_trials(trials(sigma_rows)))
     rows.update(sigma_rows)
     for name in sigma_rows:
         m = name.rsplit("-sigma", 1)[0]
@@ -276,16 +312,22 @@ def sweep(
 
 
 def base_model_test(args: argparse.Namespace, data_dir: Path, runs_dir: Path) -> dict[str, Any]:
-    """The base model's greedy pass@1 on the final test, with the runs' prompt and settings."""
+    """The base model's greedy pass@1 on the final test, with the runs' prompt and settings
+    (kept in runs_dir/base-test, reused only for the same model, prompt and test)."""
     out = runs_dir / "base-test"
     done = out / "result.json"
-    if done.exists():
-        return json.loads(done.read_text())
-    context = multiprocessing.get_context("spawn")
     spec = plan({"base": {}}, [0], args, data_dir, 0.0, runs_dir)[0]
-    with ProcessPoolExecutor(1, mp_context=context) as pool:
-        result = pool.submit(_evaluate_base, spec, str(out)).result()
-    done.write_text(json.dumps(result, indent=2))
+    identity = json.loads(json.dumps({**asdict(spec), "budget": None, "run_dir": None}))
+    if done.exists():
+        stored = json.loads(done.read_text())
+        if stored.get("spec") == identity:
+            return stored["result"]
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        try:
+            result = pool.submit(_evaluate_base, spec, str(out)).result()
+        except Exception as exc:  # a --model that does not load, a killed process: one line
+            fail(f"the base model's test failed: {type(exc).__name__}: {str(exc)[:300]}")
+    done.write_text(json.dumps({"spec": identity, "result": result}, indent=2))
     return result
 
 
@@ -327,9 +369,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if unknown:
             fail(f"unknown method(s) {unknown}; choose from {list(table)}")
         table = {m: table[m] for m in wanted}
+    if args.workers < 1:
+        fail(f"--workers must be >= 1, got {args.workers}")
+    if args.budget is not None and not args.budget > 0:
+        fail(f"--budget must be > 0 CPU seconds, got {args.budget:g}")
+    if len(set(args.seeds)) != len(args.seeds):
+        fail(f"--seeds {' '.join(map(str, args.seeds))} names a seed twice")
     name = args.name or ("real_model-quick" if args.quick else "real_model")
     runs_dir = Path(args.runs_dir or f"runs/benchmarks/{name}")
-    budget = args.budget or (QUICK["budget"] if args.quick else BUDGET)
+    budget = args.budget if args.budget is not None else QUICK["budget"] if args.quick else BUDGET
     shared = Path(args.data_dir)
     data_dir = held_out_data(shared, runs_dir / "data")
     start = time.perf_counter()
@@ -393,16 +441,20 @@ def run_facts(record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _value(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
+
+
 def runs_table(runs: dict[str, dict[str, Any]], base: dict[str, Any]) -> str:
     lines = [
-        f"base model: GSM8K test pass@1 {base.get('pass@1', float('nan')):.3f}",
+        f"base model: GSM8K test pass@1 {_value(base.get('pass@1'))}",
         "| run | steps | tokens | val acc (first -> last) | protocol use | tool use | invalid "
         "| peak RSS MB | test pass@1 |",
         "|---|---:|---:|---|---|---|---|---:|---:|",
     ]
 
-    def pair(first_last: list[float]) -> str:
-        return f"{first_last[0]:.3f} -> {first_last[1]:.3f}"
+    def pair(first_last: list[float | None]) -> str:
+        return f"{_value(first_last[0])} -> {_value(first_last[1])}"
 
     for name, r in runs.items():
         if "error" in r:
@@ -413,7 +465,7 @@ def runs_table(runs: dict[str, dict[str, Any]], base: dict[str, Any]) -> str:
             f"| {pair(r['validation_accuracy'])} "
             f"| {pair(r['protocol_use_rate'])} | {pair(r['tool_use_rate'])} "
             f"| {pair(r['invalid_rate'])} "
-            f"| {r['peak_rss_mb']} | {r['test_pass@1']:.3f} |"
+            f"| {r['peak_rss_mb']} | {_value(r['test_pass@1'])} |"
         )
     return "\n".join(lines)
 

@@ -56,10 +56,13 @@ class TrainConfig:
     num_train_tasks: int = flag("tasks in the training pool (synthetic: generated)", 1000)
     steps: int | None = flag("budget: optimizer steps", 20)
     max_tokens: int | None = flag("budget: generated tokens, all rollouts included", None)
-    max_seconds: float | None = flag("budget: wall-clock seconds", None)
+    max_seconds: float | None = flag(
+        "budget: wall-clock seconds of training steps (validation and checkpoints excluded)", None
+    )
     max_cpu_seconds: float | None = flag(
-        "budget: the run's own CPU seconds (user + system, all its threads; other work on "
-        "the machine's cores does not count, so runs sharing a machine get equal budgets)",
+        "budget: the run's own CPU seconds of training steps (user + system, all its threads; "
+        "other work on the machine's cores does not count, so runs sharing a machine get "
+        "equal budgets; validation and checkpoints excluded)",
         None,
     )
     batch_size: int = flag("tasks per step (every ES member sees the same batch)", 16)

@@ -354,3 +354,69 @@ def test_bf16_perturbation_measures_what_rounding_swallows(tmp_path, tiny_agent_
     assert small["moved"] < 0.5 < large["moved"] and small["cosine"] < large["cosine"]
     assert large["cosine"] > 0.99 and large["norm_ratio"] == pytest.approx(1.0, abs=0.02)
     assert set(runs["bfloat16"]["0.01"]) >= {"norms", "all"}
+
+
+def test_real_model_sweep_picks_by_accuracy_then_reward_then_default(tmp_path, monkeypatch):
+    """The sweep's choice, on scripted trial outcomes (no training): the ES family's alpha
+    and then sigma come from plain ES and reach both CoPES rows; a tie keeps the published
+    default; a failed trial stops the sweep in one line."""
+    sys.path.insert(0, str(BENCHMARKS))
+    import real_model
+
+    outcome = {  # (final validation accuracy, final validation reward) per trial
+        "es-lr1": (0.01, -0.1), "es-lr10": (0.02, -0.3), "es-sigma2": (0.02, -0.2),
+        "grpo-lr1": (0.0, -0.1), "grpo-lr10": (0.0, -0.1),
+        "lora-grpo-lr1": (0.0, -0.2), "lora-grpo-lr10": (0.0, -0.1),
+    }  # fmt: skip
+    seen = []
+
+    def scripted(specs, workers):
+        seen.extend(s.method for s in specs)
+        assert all(s.seed == real_model.SWEEP_SEED and s.settings["eval_every"] == 0
+                   for s in specs)  # fmt: skip
+        return [{"spec": {}, "curve": {"accuracy": [0.0, outcome[s.method][0]],
+                                        "reward": [0.0, outcome[s.method][1]]}}
+                for s in specs]  # fmt: skip
+
+    monkeypatch.setattr(real_model, "execute", scripted)
+    args = real_model.parse_args(["--runs-dir", str(tmp_path)])
+    table = real_model.method_table(False)
+    result = real_model.sweep(args, table, tmp_path, 1800.0, tmp_path)
+    lr_trials = ["es-lr1", "es-lr10", "grpo-lr1", "grpo-lr10", "lora-grpo-lr1", "lora-grpo-lr10"]
+    assert seen == [*lr_trials, "es-sigma2"]  # the rates first, then sigma at the better one
+    new = result["table"]
+    for m in ("es", "copes-k2", "copes-k4"):  # alpha x 10 won on accuracy, sigma x 2 on reward
+        assert new[m]["learning_rate"] == 5e-3 and new[m]["sigma"] == 2e-3, m
+        assert new[m]["num_subspaces"] == table[m]["num_subspaces"]
+    assert new["grpo"]["learning_rate"] == 1e-6  # a tie: the default
+    assert new["lora-grpo"]["learning_rate"] == 1e-4  # equal accuracy, better reward
+    assert {t["trial"] for t in result["trials"]} == set(outcome)
+    outcome["grpo-lr10"] = None
+
+    def failing(specs, workers):
+        dead = {"spec": {}, "error": "Traceback ...\nRuntimeError: out of memory\n"}
+        return [dead if outcome[s.method] is None else scripted([s], workers)[0] for s in specs]
+
+    monkeypatch.setattr(real_model, "execute", failing)
+    with pytest.raises(SystemExit) as stop:
+        real_model.sweep(args, table, tmp_path, 1800.0, tmp_path)
+    assert stop.value.code == 2
+
+
+def test_real_model_refuses_a_changed_data_source_and_a_short_file(tmp_path, capsys):
+    sys.path.insert(0, str(BENCHMARKS))
+    import real_model
+
+    shared = gsm8k_like(tmp_path / "shared", 140)
+    into = tmp_path / "runs" / "data"
+    real_model.held_out_data(shared, into)
+    assert real_model.held_out_data(shared, into) == into  # the same files: fine
+    with (shared / "gsm8k" / "train.jsonl").open("a") as f:
+        f.write(json.dumps({"question": "q?", "answer": "#### 1"}) + "\n")
+    with pytest.raises(SystemExit) as stop:
+        real_model.held_out_data(shared, into)
+    assert stop.value.code == 2 and "other GSM8K files" in capsys.readouterr().err
+    short = gsm8k_like(tmp_path / "short", 100)
+    with pytest.raises(SystemExit):
+        real_model.held_out_data(short, tmp_path / "other")
+    assert "needs more" in capsys.readouterr().err
