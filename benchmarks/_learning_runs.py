@@ -40,7 +40,7 @@ class RunSpec:
     train: dict[str, Any] = field(default_factory=dict)  # shared TrainConfig settings
     passk_n: int = 4
     passk_ks: tuple[int, ...] = (1, 4)
-    passk_tasks: int = 32
+    passk_tasks: int = 32  # 0: no final test (a sweep trial, chosen by validation)
     # the final test: a registered benchmark (its files in train["data_dir"]) or, by default,
     # the env's synthetic test split; temperature 0 is greedy
     passk_benchmark: str | None = None
@@ -53,15 +53,19 @@ def read_result(run_dir: str | Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def same_spec(record: dict[str, Any], spec: RunSpec) -> bool:
+    """Whether a finished run's record was trained and tested as `spec` asks (a run recorded
+    before a field existed holds that field's default)."""
+    defaults = {f.name: f.default for f in fields(RunSpec) if f.default is not MISSING}
+    as_json = json.loads(json.dumps(defaults))
+    return {**as_json, **record["spec"]} == json.loads(json.dumps(asdict(spec)))
+
+
 def check_finished_runs(specs: list[RunSpec]) -> None:
     """Refuse to reuse a finished run whose settings differ from the spec asking for it."""
     for spec in specs:
         done = read_result(spec.run_dir)
-        # a run recorded before a field existed holds that field's default
-        defaults = {f.name: f.default for f in fields(RunSpec) if f.default is not MISSING}
-        if done is not None and {**json.loads(json.dumps(defaults)), **done["spec"]} != json.loads(
-            json.dumps(asdict(spec))
-        ):
+        if done is not None and not same_spec(done, spec):
             raise ValueError(
                 f"{spec.run_dir} holds a finished run with other settings than {spec.method} "
                 f"seed {spec.seed} now has (budget, hyper-parameters or evaluation); delete that "
@@ -69,7 +73,8 @@ def check_finished_runs(specs: list[RunSpec]) -> None:
             )
 
 
-def _write_atomic(path: Path, record: dict[str, Any]) -> None:
+def write_atomic(path: Path, record: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=2))
     os.replace(tmp, path)
@@ -199,7 +204,11 @@ def run_one(spec: RunSpec) -> dict[str, Any]:
         Path(spec.run_dir).mkdir(parents=True, exist_ok=True)
         trainer = Trainer(config, overrides)
         summary = trainer.run()
-        passk = final_test(spec, trainer.policy, Path(spec.run_dir) / "passk")
+        passk = (
+            final_test(spec, trainer.policy, Path(spec.run_dir) / "passk")
+            if spec.passk_tasks
+            else {}
+        )
         record = {
             "spec": asdict(spec),
             "summary": summary,
@@ -215,7 +224,7 @@ def run_one(spec: RunSpec) -> dict[str, Any]:
             "peak_rss_mb": _peak_rss_mb(),
             "pid": os.getpid(),
         }
-        _write_atomic(Path(spec.run_dir) / RESULT_FILE, record)
+        write_atomic(Path(spec.run_dir) / RESULT_FILE, record)
         return record
     except Exception as exc:  # reported in the benchmark's output, retried on the next start
         logger.error("run %s seed %d failed: %s", spec.method, spec.seed, exc)

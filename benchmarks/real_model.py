@@ -25,6 +25,9 @@ Runs live in --runs-dir, one folder each, each trained in a fresh process (its p
 own); a killed benchmark started again with the same arguments resumes the unfinished runs
 (`--resume`: ES/CoPES replay their seed log, GRPO restarts from its last checkpoint) and reads
 the finished ones back, so a long comparison is spread over sessions without losing a step.
+Every finished run's record (and the base model's test) is also kept beside the report, in
+benchmarks/results/NAME-runs/ (a few kB each, committed): a machine that loses --runs-dir
+(a fresh checkout) restores them from there instead of training them again.
 """
 
 from __future__ import annotations
@@ -47,7 +50,15 @@ from typing import Any, NoReturn
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the _learning_* helpers
 
 from _learning_report import summarize, write_outputs
-from _learning_runs import RunSpec, check_finished_runs, read_result, run_one
+from _learning_runs import (
+    RESULT_FILE,
+    RunSpec,
+    check_finished_runs,
+    read_result,
+    run_one,
+    same_spec,
+    write_atomic,
+)
 
 HELD_OUT = 128  # the last GSM8K train problems: the validation set, never trained on
 
@@ -178,6 +189,7 @@ def plan(
     data_dir: Path,
     budget: float,
     runs_dir: Path,
+    test: bool = True,
 ) -> list[RunSpec]:
     train = {**TRAIN, "data_dir": str(data_dir)}
     final = dict(FINAL)
@@ -186,6 +198,8 @@ def plan(
         train.update(QUICK["train"])
         final.update(QUICK["final"])
         model = QUICK["model"]
+    if not test:
+        final["passk_tasks"] = 0
     del train["model"]
     return [
         RunSpec(
@@ -205,15 +219,50 @@ def plan(
     ]
 
 
-def execute(specs: list[RunSpec], workers: int) -> list[dict[str, Any]]:
+class Archive:
+    """Finished runs' records kept beside the report (`NAME-runs/`, committed with it), keyed
+    by the run's folder under --runs-dir: what a fresh checkout, which has no --runs-dir,
+    restores instead of training again. Only a record of the very spec asked for is used."""
+
+    def __init__(self, folder: Path, runs_dir: Path) -> None:
+        self.folder, self.runs_dir = folder, runs_dir
+
+    def path(self, run_dir: str | Path) -> Path:
+        return self.folder / (Path(run_dir).relative_to(self.runs_dir).as_posix() + ".json")
+
+    def restore(self, specs: list[RunSpec]) -> None:
+        for spec in specs:
+            kept = self.path(spec.run_dir)
+            if not kept.exists() or read_result(spec.run_dir) is not None:
+                continue
+            record = json.loads(kept.read_text())
+            if not same_spec(record, spec):
+                fail(
+                    f"{kept} holds a finished run with other settings than {spec.method} seed "
+                    f"{spec.seed} now has; delete it (and its report) or pass another --name"
+                )
+            write_atomic(Path(spec.run_dir) / RESULT_FILE, record)
+            print(f"[real_model] {spec.method} seed {spec.seed}: restored from {kept}")
+
+    def keep(self, spec: RunSpec, record: dict[str, Any]) -> None:
+        if "error" not in record:
+            write_atomic(self.path(spec.run_dir), record)
+
+
+def execute(specs: list[RunSpec], workers: int, archive: Archive) -> list[dict[str, Any]]:
     """Every run in a fresh process (`max_tasks_per_child=1`: its peak RSS is its own),
-    `workers` at a time, one thread each; finished runs are read back."""
+    `workers` at a time, one thread each; finished runs are read back (from --runs-dir, or
+    restored from the archive) and every finished run is archived."""
+    archive.restore(specs)
     try:
         check_finished_runs(specs)
     except ValueError as exc:
         fail(str(exc))
     todo = [s for s in specs if read_result(s.run_dir) is None]
     records = {s.run_dir: read_result(s.run_dir) for s in specs if s not in todo}
+    for spec in specs:
+        if spec not in todo:
+            archive.keep(spec, records[spec.run_dir])
     if todo:
         context = multiprocessing.get_context("spawn")
         # a fresh process per run where Python has max_tasks_per_child (3.11+); on 3.10 the
@@ -225,6 +274,7 @@ def execute(specs: list[RunSpec], workers: int) -> list[dict[str, Any]]:
                     state = "FAILED" if "error" in record else "done"
                     print(f"[real_model] {spec.method} seed {spec.seed}: {state}", flush=True)
                     records[spec.run_dir] = record
+                    archive.keep(spec, record)
         except BrokenProcessPool:  # (a multiprocessing.Pool would wait forever here)
             fail(
                 "a run's process died (killed: out of memory? see dmesg); every finished "
@@ -262,16 +312,17 @@ def _trial(method: str, name: str, settings: dict[str, Any], record: dict[str, A
 
 def sweep(
     args: argparse.Namespace, table: dict[str, dict[str, Any]], data_dir: Path, budget: float,
-    runs_dir: Path,
+    runs_dir: Path, archive: Archive,
 ) -> dict[str, Any]:  # fmt: skip
     """The rows of `table` as SWEPT sets them: learning rates x SWEEP_LR_FACTORS, then (ES)
     sigma x SWEEP_SIGMA_FACTORS at the better rate; a third of the budget each, seed
-    SWEEP_SEED. Returns the new table and every trial."""
+    SWEEP_SEED, chosen by validation (no final test). Returns the new table and every trial."""
 
     def trials(rows: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         rows = {n: {**r, "eval_every": 0} for n, r in rows.items()}  # start and end only
-        specs = plan(rows, [SWEEP_SEED], args, data_dir, budget / 3, runs_dir / "sweep")
-        return {s.method: r for s, r in zip(specs, execute(specs, args.workers), strict=True)}
+        specs = plan(rows, [SWEEP_SEED], args, data_dir, budget / 3, runs_dir / "sweep", False)
+        records = execute(specs, args.workers, archive)
+        return {s.method: r for s, r in zip(specs, records, strict=True)}
 
     swept = [m for m in SWEPT if m in table or any(t in table for t in SWEPT[m])]
     base = {m: method_table(args.quick)[m] for m in swept}
@@ -311,23 +362,28 @@ def sweep(
             "budget": budget / 3}  # fmt: skip
 
 
-def base_model_test(args: argparse.Namespace, data_dir: Path, runs_dir: Path) -> dict[str, Any]:
+def base_model_test(
+    args: argparse.Namespace, data_dir: Path, runs_dir: Path, archive: Archive
+) -> dict[str, Any]:
     """The base model's greedy pass@1 on the final test, with the runs' prompt and settings
-    (kept in runs_dir/base-test, reused only for the same model, prompt and test)."""
+    (kept in runs_dir/base-test and the archive, reused only for the same model, prompt and
+    test)."""
     out = runs_dir / "base-test"
     done = out / "result.json"
     spec = plan({"base": {}}, [0], args, data_dir, 0.0, runs_dir)[0]
     identity = json.loads(json.dumps({**asdict(spec), "budget": None, "run_dir": None}))
-    if done.exists():
-        stored = json.loads(done.read_text())
+    for path in (done, archive.path(out)):
+        stored = json.loads(path.read_text()) if path.exists() else {}
         if stored.get("spec") == identity:
+            write_atomic(archive.path(out), stored)
             return stored["result"]
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         try:
             result = pool.submit(_evaluate_base, spec, str(out)).result()
         except Exception as exc:  # a --model that does not load, a killed process: one line
             fail(f"the base model's test failed: {type(exc).__name__}: {str(exc)[:300]}")
-    done.write_text(json.dumps({"spec": identity, "result": result}, indent=2))
+    for path in (done, archive.path(out)):
+        write_atomic(path, {"spec": identity, "result": result})
     return result
 
 
@@ -380,12 +436,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     budget = args.budget if args.budget is not None else QUICK["budget"] if args.quick else BUDGET
     shared = Path(args.data_dir)
     data_dir = held_out_data(shared, runs_dir / "data")
+    archive = Archive(Path(args.results_dir) / f"{name}-runs", runs_dir)
     start = time.perf_counter()
-    tuning = sweep(args, table, data_dir, budget, runs_dir) if args.sweep else None
+    tuning = sweep(args, table, data_dir, budget, runs_dir, archive) if args.sweep else None
     if tuning:
         table = tuning["table"]
-    records = execute(plan(table, args.seeds, args, data_dir, budget, runs_dir), args.workers)
-    base = base_model_test(args, data_dir, runs_dir)
+    specs = plan(table, args.seeds, args, data_dir, budget, runs_dir)
+    records = execute(specs, args.workers, archive)
+    base = base_model_test(args, data_dir, runs_dir, archive)
     summary = summarize(records, list(table), "cpu-seconds", budget)
     runs = {f"{r['spec']['method']}-seed{r['spec']['seed']}": run_facts(r) for r in records}
     meta = {

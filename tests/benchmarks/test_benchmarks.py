@@ -1,6 +1,7 @@
 """The benchmark scripts: their report logic on hand-made runs, and each end to end (small)."""
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -289,7 +290,8 @@ def test_real_model_quick_end_to_end(tmp_path, tiny_agent_dir):
     """The real-model experiment's whole pipeline on the tiny agent: the held-out split of
     the train file, every method under a CPU-seconds budget in its own process, the report
     with protocol and invalid rates, peak RSS and the base model's test; a second invocation
-    trains nothing again."""
+    trains nothing again, nor does one on a machine that lost the runs' folders (a fresh
+    checkout): the finished records come back from the archive beside the report."""
     shared = gsm8k_like(tmp_path / "shared", 140)
     args = [BENCHMARKS / "real_model.py", "--quick", "--model", tiny_agent_dir,
             "--data-dir", shared, "--runs-dir", tmp_path / "runs",
@@ -317,6 +319,16 @@ def test_real_model_quick_end_to_end(tmp_path, tiny_agent_dir):
     assert "| es-seed0 |" in stdout and "base model: GSM8K test pass@1" in stdout
     again = run_script(*args)
     assert "[real_model]" not in again.replace("[real_model] wrote", "")  # nothing trained
+    archived = sorted(p.name for p in (tmp_path / "results" / "real_model-quick-runs").iterdir())
+    assert archived == sorted([*(f"{n}.json" for n in out["runs"]), "base-test.json"])
+    for name in out["runs"]:
+        shutil.rmtree(tmp_path / "runs" / name)
+    shutil.rmtree(tmp_path / "runs" / "base-test")
+    fresh = run_script(*args)
+    assert fresh.count("restored from") == len(out["runs"]) and "done" not in fresh
+    restored = json.loads((tmp_path / "results" / "real_model-quick.json").read_text())
+    assert restored["runs"] == out["runs"]
+    assert restored["base_model_test"] == out["base_model_test"]
 
 
 def test_real_model_user_errors_are_one_line_exit_2(tmp_path):
@@ -370,10 +382,10 @@ def test_real_model_sweep_picks_by_accuracy_then_reward_then_default(tmp_path, m
     }  # fmt: skip
     seen = []
 
-    def scripted(specs, workers):
+    def scripted(specs, workers, archive):
         seen.extend(s.method for s in specs)
         assert all(s.seed == real_model.SWEEP_SEED and s.settings["eval_every"] == 0
-                   for s in specs)  # fmt: skip
+                   and s.passk_tasks == 0 for s in specs)  # fmt: skip
         return [{"spec": {}, "curve": {"accuracy": [0.0, outcome[s.method][0]],
                                         "reward": [0.0, outcome[s.method][1]]}}
                 for s in specs]  # fmt: skip
@@ -381,7 +393,8 @@ def test_real_model_sweep_picks_by_accuracy_then_reward_then_default(tmp_path, m
     monkeypatch.setattr(real_model, "execute", scripted)
     args = real_model.parse_args(["--runs-dir", str(tmp_path)])
     table = real_model.method_table(False)
-    result = real_model.sweep(args, table, tmp_path, 1800.0, tmp_path)
+    archive = real_model.Archive(tmp_path / "kept", tmp_path)
+    result = real_model.sweep(args, table, tmp_path, 1800.0, tmp_path, archive)
     lr_trials = ["es-lr1", "es-lr10", "grpo-lr1", "grpo-lr10", "lora-grpo-lr1", "lora-grpo-lr10"]
     assert seen == [*lr_trials, "es-sigma2"]  # the rates first, then sigma at the better one
     new = result["table"]
@@ -393,13 +406,14 @@ def test_real_model_sweep_picks_by_accuracy_then_reward_then_default(tmp_path, m
     assert {t["trial"] for t in result["trials"]} == set(outcome)
     outcome["grpo-lr10"] = None
 
-    def failing(specs, workers):
+    def failing(specs, workers, archive):
         dead = {"spec": {}, "error": "Traceback ...\nRuntimeError: out of memory\n"}
-        return [dead if outcome[s.method] is None else scripted([s], workers)[0] for s in specs]
+        return [dead if outcome[s.method] is None else scripted([s], workers, archive)[0]
+                for s in specs]  # fmt: skip
 
     monkeypatch.setattr(real_model, "execute", failing)
     with pytest.raises(SystemExit) as stop:
-        real_model.sweep(args, table, tmp_path, 1800.0, tmp_path)
+        real_model.sweep(args, table, tmp_path, 1800.0, tmp_path, archive)
     assert stop.value.code == 2
 
 
@@ -420,3 +434,29 @@ def test_real_model_refuses_a_changed_data_source_and_a_short_file(tmp_path, cap
     with pytest.raises(SystemExit):
         real_model.held_out_data(short, tmp_path / "other")
     assert "needs more" in capsys.readouterr().err
+
+
+def test_real_model_archive_restores_only_the_spec_asked_for(tmp_path, capsys):
+    """A kept record comes back into a run folder that lacks it; one trained with other
+    settings is refused in one line, never silently reused."""
+    sys.path.insert(0, str(BENCHMARKS))
+    import real_model
+    from _learning_runs import RunSpec, read_result
+
+    runs = tmp_path / "runs"
+    archive = real_model.Archive(tmp_path / "kept", runs)
+    spec = RunSpec("es", 0, {"sigma": 1e-3}, str(runs / "sweep" / "es-seed0"), "m", "e",
+                   "cpu-seconds", 600.0)  # fmt: skip
+    record = {"spec": real_model.asdict(spec), "curve": {"accuracy": [0.1]}}
+    archive.keep(spec, record)
+    archive.keep(spec, {"spec": {}, "error": "boom"})  # a failure is never kept
+    assert archive.path(spec.run_dir) == tmp_path / "kept" / "sweep" / "es-seed0.json"
+    archive.restore([spec])
+    assert read_result(spec.run_dir) == json.loads(json.dumps(record))
+    other = RunSpec("es", 1, {"sigma": 2e-3}, str(runs / "es-seed1"), "m", "e", "cpu-seconds",
+                    600.0)  # fmt: skip
+    archive.keep(other, {"spec": {**real_model.asdict(other), "budget": 1.0}})
+    with pytest.raises(SystemExit) as stop:
+        archive.restore([other])
+    assert stop.value.code == 2 and "other settings" in capsys.readouterr().err
+    assert read_result(other.run_dir) is None
