@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 RESULT_FILE = "result.json"
+MACHINES_FILE = "machines.jsonl"  # one line per start of the run: where each part trained
 
 logger = logging.getLogger(__name__)
 
@@ -178,6 +179,37 @@ def final_test(spec: RunSpec, policy: Any, out_dir: str | Path) -> dict[str, flo
     }
 
 
+def machine_facts() -> dict[str, Any]:
+    """The CPU this process runs on, as far as it changes speed or float results: the model
+    name, the vector/matrix extensions torch can use, torch's build. A run spread over
+    sessions may train its parts on different machines; every part says which."""
+    import platform
+
+    import torch
+
+    flags: set[str] = set()
+    name = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                name = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+                break
+    except OSError:  # not Linux: the name platform gives
+        pass
+    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+    return {
+        "cpu": name,
+        "extensions": [f for f in wanted if f in flags],
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "torch": torch.__version__,
+        "cpus": os.cpu_count(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
 def _peak_rss_mb() -> int:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # Linux: KiB; macOS: bytes
     return peak // (1 << 20) if sys.platform == "darwin" else peak // 1024
@@ -201,8 +233,13 @@ def run_one(spec: RunSpec) -> dict[str, Any]:
 
         config = train_config(spec)
         _, overrides = split_settings(spec.settings)
-        Path(spec.run_dir).mkdir(parents=True, exist_ok=True)
+        run_dir = Path(spec.run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
         trainer = Trainer(config, overrides)
+        # benchmark bookkeeping beside the run (the Trainer has checked the folder: a folder
+        # of another run was refused above); one line per part of a run spread over sessions
+        with open(run_dir / MACHINES_FILE, "a") as out:
+            out.write(json.dumps(machine_facts()) + "\n")
         summary = trainer.run()
         passk = (
             final_test(spec, trainer.policy, Path(spec.run_dir) / "passk")
@@ -223,6 +260,7 @@ def run_one(spec: RunSpec) -> dict[str, Any]:
             # per run); in learning.py the largest of the runs that process trained
             "peak_rss_mb": _peak_rss_mb(),
             "pid": os.getpid(),
+            "machines": [json.loads(line) for line in (run_dir / MACHINES_FILE).open()],
         }
         write_atomic(Path(spec.run_dir) / RESULT_FILE, record)
         return record

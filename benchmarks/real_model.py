@@ -1,7 +1,7 @@
 """The paper's experiment on a real pretrained LM, on a CPU: ES vs CoPES vs GRPO post-training
 SmolLM2-135M-Instruct on GSM8K with its Python calculator, at equal CPU seconds.
 
-Every method trains the same model (bfloat16, two worked examples played as earlier turns, the
+Every method trains the same model (float32, two worked examples played as earlier turns, the
 tool protocol of copes' envs) on real GSM8K train problems under the same budget of the run's
 own CPU seconds (`copes-train --max-cpu-seconds`: robust to other work on the cores; the budget
 counts training steps, not validation). Validation: 128 GSM8K train problems held out of the
@@ -17,6 +17,14 @@ curves.py), with the base model's GSM8K test pass@1 beside the final checkpoints
     python benchmarks/real_model.py --methods grpo,es,copes-k4 --seeds 0 1 2
     python benchmarks/real_model.py --quick                 # CI smoke: the tiny agent, seconds
 
+Why float32 and not bfloat16: the comparison is spread over sessions, and sessions get
+different machines. On one with native bf16 (avx512_bf16) bf16 generation was 2.5x faster
+than fp32; on one without (AVX2 only, 2026-12-07) torch's bf16 matrix products run 6x
+(forward) to 40x (a backward's input gradient) slower than fp32, and a GRPO step of the bf16
+sweep took 4,300 CPU seconds (benchmarks/results/real_model-bf16-runs/, docs/results.md).
+float32 is fast everywhere, the same dtype on every machine a run resumes on, and holds an ES
+member's perturbation exactly (bf16 rounding keeps a cosine of 0.96 of it at sigma 1e-3).
+
 Why GSM8K and not the synthetic tasks: measured before any training (docs/results.md), the base
 model's sampled pass@4 is 0/32 on synthetic ToolMath and 1/32 on GSM8K train, so real problems
 are the only ones with any reward to learn from, and they are what the final test measures.
@@ -27,7 +35,10 @@ own); a killed benchmark started again with the same arguments resumes the unfin
 the finished ones back, so a long comparison is spread over sessions without losing a step.
 Every finished run's record (and the base model's test) is also kept beside the report, in
 benchmarks/results/NAME-runs/ (a few kB each, committed): a machine that loses --runs-dir
-(a fresh checkout) restores them from there instead of training them again.
+(a fresh checkout) restores them from there instead of training them again. An unfinished
+ES/CoPES run's settings and seed log are copied there every --keep-every seconds, so it
+resumes after its last logged step even there (replayed on that machine's CPU: the weights
+equal the first machine's up to its float rounding); each part of a run records its CPU.
 """
 
 from __future__ import annotations
@@ -39,9 +50,10 @@ import multiprocessing
 import os
 import platform
 import resource
+import shutil
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict
 from pathlib import Path
@@ -51,6 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the _learning_* help
 
 from _learning_report import summarize, write_outputs
 from _learning_runs import (
+    MACHINES_FILE,
     RESULT_FILE,
     RunSpec,
     check_finished_runs,
@@ -60,6 +73,7 @@ from _learning_runs import (
     write_atomic,
 )
 
+REPLAYED = ("es", "copes")  # optimizers whose run resumes from its seed log, no checkpoint
 HELD_OUT = 128  # the last GSM8K train problems: the validation set, never trained on
 
 # ---------------------------------------------------------------------- hyper-parameters
@@ -98,7 +112,7 @@ SWEPT = {"es": ("es", "copes-k2", "copes-k4"), "grpo": ("grpo",), "lora-grpo": (
 # Shared settings of every run. invalid_penalty: -0.2 per turn with neither a closed tool call
 # nor an answer (copes' shaping for models that have not learnt the protocol; every method
 # gets it). 3 turns: a call, its result read, an answer, with one turn to spare.
-TRAIN = {"model": "smollm2-135m", "dtype": "bfloat16", "demonstrations": 2,
+TRAIN = {"model": "smollm2-135m", "dtype": "float32", "demonstrations": 2,
          "benchmark": "gsm8k", "train_split": "train", "eval_split": "validation",
          "batch_size": 4, "max_new_tokens": 96, "max_turns": 3, "eval_tasks": HELD_OUT,
          "num_train_tasks": 7473 - HELD_OUT, "invalid_penalty": 0.2}
@@ -220,39 +234,95 @@ def plan(
 
 
 class Archive:
-    """Finished runs' records kept beside the report (`NAME-runs/`, committed with it), keyed
-    by the run's folder under --runs-dir: what a fresh checkout, which has no --runs-dir,
-    restores instead of training again. Only a record of the very spec asked for is used."""
+    """Runs kept beside the report (`NAME-runs/`, committed with it), keyed by the run's
+    folder under --runs-dir, for a checkout that has lost --runs-dir (a fresh clone, another
+    machine): a finished run's record (`<run>.json`), restored instead of training again, and
+    an unfinished ES/CoPES run's state (`unfinished/<run>/`: its settings, metrics and seed
+    log, a few kB), copied every `keep_every` seconds while it trains and restored into an
+    empty run folder, from which `--resume` replays the logged steps and trains on. GRPO's
+    state is its checkpoint (weights and AdamW moments, 1.6 GB in float32): not kept, so a
+    GRPO run must finish where it started. Only state of the very spec asked for is used."""
+
+    # metrics before es_log: the trainer appends a step to es_log first, so the copy's
+    # es_log holds every step its metrics do (a step only es_log holds is rebuilt on resume)
+    STATE = ("config.json", "metrics.jsonl", "es_log.jsonl", MACHINES_FILE)
 
     def __init__(self, folder: Path, runs_dir: Path) -> None:
         self.folder, self.runs_dir = folder, runs_dir
 
+    def _key(self, run_dir: str | Path) -> str:
+        return Path(run_dir).relative_to(self.runs_dir).as_posix()
+
     def path(self, run_dir: str | Path) -> Path:
-        return self.folder / (Path(run_dir).relative_to(self.runs_dir).as_posix() + ".json")
+        return self.folder / (self._key(run_dir) + ".json")
+
+    def unfinished(self, run_dir: str | Path) -> Path:
+        return self.folder / "unfinished" / self._key(run_dir)
 
     def restore(self, specs: list[RunSpec]) -> None:
         for spec in specs:
-            kept = self.path(spec.run_dir)
-            if not kept.exists() or read_result(spec.run_dir) is not None:
+            kept, state = self.path(spec.run_dir), self.unfinished(spec.run_dir)
+            if read_result(spec.run_dir) is not None:
                 continue
-            record = json.loads(kept.read_text())
-            if not same_spec(record, spec):
-                fail(
-                    f"{kept} holds a finished run with other settings than {spec.method} seed "
-                    f"{spec.seed} now has; delete it (and its report) or pass another --name"
-                )
-            write_atomic(Path(spec.run_dir) / RESULT_FILE, record)
-            print(f"[real_model] {spec.method} seed {spec.seed}: restored from {kept}")
+            if kept.exists():
+                record = json.loads(kept.read_text())
+                self._check(record, spec, kept, "a finished run")
+                write_atomic(Path(spec.run_dir) / RESULT_FILE, record)
+                print(f"[real_model] {spec.method} seed {spec.seed}: restored from {kept}")
+            elif state.is_dir() and not (Path(spec.run_dir) / "config.json").exists():
+                self._check(json.loads((state / "spec.json").read_text()), spec, state,
+                            "an unfinished run")  # fmt: skip
+                Path(spec.run_dir).mkdir(parents=True, exist_ok=True)
+                for name in self.STATE:
+                    if (state / name).exists():
+                        shutil.copyfile(state / name, Path(spec.run_dir) / name)
+                log = state / "es_log.jsonl"
+                steps = log.read_text().count("\n") if log.exists() else 0  # whole lines
+                print(f"[real_model] {spec.method} seed {spec.seed}: restored from {state}; "
+                      f"resumes after step {steps}", flush=True)  # fmt: skip
+
+    @staticmethod
+    def _check(record: dict[str, Any], spec: RunSpec, where: Path, what: str) -> None:
+        if not same_spec(record, spec):
+            fail(
+                f"{where} holds {what} with other settings than {spec.method} seed "
+                f"{spec.seed} now has; delete it (and its report) or pass another --name"
+            )
+
+    def keep_state(self, spec: RunSpec) -> None:
+        """Copy an unfinished ES/CoPES run's state (each file replaced atomically)."""
+        run_dir = Path(spec.run_dir)
+        if spec.settings.get("optimizer") not in REPLAYED:
+            return
+        if not (run_dir / "config.json").exists() or read_result(run_dir) is not None:
+            return
+        state = self.unfinished(run_dir)
+        state.mkdir(parents=True, exist_ok=True)
+        write_atomic(state / "spec.json", {"spec": asdict(spec)})
+        for name in self.STATE:
+            if (run_dir / name).exists():
+                part = state / f".{name}.part"
+                shutil.copyfile(run_dir / name, part)
+                os.replace(part, state / name)
 
     def keep(self, spec: RunSpec, record: dict[str, Any]) -> None:
         if "error" not in record:
             write_atomic(self.path(spec.run_dir), record)
+            state = self.unfinished(spec.run_dir)
+            shutil.rmtree(state, ignore_errors=True)
+            for parent in state.parents:  # no empty unfinished/ folders left to commit
+                if parent == self.folder or not parent.is_dir() or any(parent.iterdir()):
+                    break
+                parent.rmdir()
 
 
-def execute(specs: list[RunSpec], workers: int, archive: Archive) -> list[dict[str, Any]]:
+def execute(
+    specs: list[RunSpec], workers: int, archive: Archive, keep_every: float = 60.0
+) -> list[dict[str, Any]]:
     """Every run in a fresh process (`max_tasks_per_child=1`: its peak RSS is its own),
     `workers` at a time, one thread each; finished runs are read back (from --runs-dir, or
-    restored from the archive) and every finished run is archived."""
+    restored from the archive) and every finished run is archived, unfinished ES/CoPES runs'
+    state every `keep_every` seconds."""
     archive.restore(specs)
     try:
         check_finished_runs(specs)
@@ -270,11 +340,21 @@ def execute(specs: list[RunSpec], workers: int, archive: Archive) -> list[dict[s
         fresh = {"max_tasks_per_child": 1} if sys.version_info >= (3, 11) else {}
         try:
             with ProcessPoolExecutor(workers, mp_context=context, **fresh) as pool:
-                for spec, record in zip(todo, pool.map(_run_logged, todo), strict=True):
-                    state = "FAILED" if "error" in record else "done"
-                    print(f"[real_model] {spec.method} seed {spec.seed}: {state}", flush=True)
-                    records[spec.run_dir] = record
-                    archive.keep(spec, record)
+                # GRPO first: its state is not archived, so it must finish in the session it
+                # starts in; an ES/CoPES run left unfinished resumes in the next one
+                first = sorted(todo, key=lambda s: s.settings.get("optimizer") in REPLAYED)
+                running = {pool.submit(_run_logged, spec): spec for spec in first}
+                while running:
+                    done, _ = wait(running, timeout=keep_every, return_when=FIRST_COMPLETED)
+                    for future in done:
+                        spec = running.pop(future)
+                        record = future.result()
+                        state = "FAILED" if "error" in record else "done"
+                        print(f"[real_model] {spec.method} seed {spec.seed}: {state}", flush=True)
+                        records[spec.run_dir] = record
+                        archive.keep(spec, record)
+                    for spec in running.values():
+                        archive.keep_state(spec)
         except BrokenProcessPool:  # (a multiprocessing.Pool would wait forever here)
             fail(
                 "a run's process died (killed: out of memory? see dmesg); every finished "
@@ -321,7 +401,7 @@ def sweep(
     def trials(rows: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         rows = {n: {**r, "eval_every": 0} for n, r in rows.items()}  # start and end only
         specs = plan(rows, [SWEEP_SEED], args, data_dir, budget / 3, runs_dir / "sweep", False)
-        records = execute(specs, args.workers, archive)
+        records = execute(specs, args.workers, archive, args.keep_every)
         return {s.method: r for s, r in zip(specs, records, strict=True)}
 
     swept = [m for m in SWEPT if m in table or any(t in table for t in SWEPT[m])]
@@ -407,6 +487,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--budget", type=float, help=f"CPU seconds per run (default {BUDGET:g})")
     p.add_argument("--sweep", action="store_true", help="run the sweep, then use its table")
     p.add_argument("--workers", type=int, default=2, help="runs in parallel, one thread each")
+    p.add_argument(
+        "--keep-every",
+        type=float,
+        default=60.0,
+        help="seconds between copies of unfinished ES/CoPES runs into the archive",
+    )
     p.add_argument("--data-dir", default=str(Path(__file__).resolve().parents[2] / "shared" /
                    "benchmarks"), help="the benchmarks' files (holding gsm8k/)")  # fmt: skip
     p.add_argument("--runs-dir", help="default: runs/benchmarks/<name>")
@@ -429,6 +515,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         fail(f"--workers must be >= 1, got {args.workers}")
     if args.budget is not None and not args.budget > 0:
         fail(f"--budget must be > 0 CPU seconds, got {args.budget:g}")
+    if not args.keep_every > 0:
+        fail(f"--keep-every must be > 0 seconds, got {args.keep_every:g}")
     if len(set(args.seeds)) != len(args.seeds):
         fail(f"--seeds {' '.join(map(str, args.seeds))} names a seed twice")
     name = args.name or ("real_model-quick" if args.quick else "real_model")
@@ -442,7 +530,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if tuning:
         table = tuning["table"]
     specs = plan(table, args.seeds, args, data_dir, budget, runs_dir)
-    records = execute(specs, args.workers, archive)
+    records = execute(specs, args.workers, archive, args.keep_every)
     base = base_model_test(args, data_dir, runs_dir, archive)
     summary = summarize(records, list(table), "cpu-seconds", budget)
     runs = {f"{r['spec']['method']}-seed{r['spec']['seed']}": run_facts(r) for r in records}
@@ -496,6 +584,8 @@ def run_facts(record: dict[str, Any]) -> dict[str, Any]:
         "peak_rss_mb": record.get("peak_rss_mb"),
         "load_average": [record.get("load_average_at_start"), record.get("load_average_at_end")],
         "test_pass@1": record["pass_at_k"].get("pass@1"),
+        # every part of the run (one per session it trained in): which CPU trained it
+        "cpus": [m["cpu"] + f" ({m['torch_cpu_capability']})" for m in record.get("machines", [])],
     }
 
 

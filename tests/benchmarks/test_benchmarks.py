@@ -1,6 +1,7 @@
 """The benchmark scripts: their report logic on hand-made runs, and each end to end (small)."""
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -331,6 +332,45 @@ def test_real_model_quick_end_to_end(tmp_path, tiny_agent_dir):
     assert restored["base_model_test"] == out["base_model_test"]
 
 
+@pytest.mark.slow
+def test_real_model_resumes_an_es_run_from_the_archive_alone(tmp_path, tiny_agent_dir):
+    """A benchmark killed mid-run on a machine that then loses --runs-dir (a session's end):
+    the unfinished ES run's state kept in the archive brings it back, it resumes after the
+    kept steps instead of from step 0, finishes, and its state leaves the archive; each part
+    of the run says which CPU trained it."""
+    shared = gsm8k_like(tmp_path / "shared", 140)
+    args = [sys.executable, BENCHMARKS / "real_model.py", "--quick", "--model", tiny_agent_dir,
+            "--methods", "es", "--budget", "40", "--keep-every", "0.5", "--data-dir", shared,
+            "--runs-dir", tmp_path / "runs", "--results-dir", tmp_path / "results"]  # fmt: skip
+    state = tmp_path / "results" / "real_model-quick-runs" / "unfinished" / "es-seed0"
+    proc = subprocess.Popen(list(map(str, args)), cwd=ROOT, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and len(_lines(state / "es_log.jsonl")) < 2:
+            assert proc.poll() is None, "the run finished before its state was kept twice"
+            time.sleep(0.2)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    kept = len(_lines(state / "es_log.jsonl"))
+    assert kept >= 2 and json.loads((state / "spec.json").read_text())["spec"]["method"] == "es"
+    shutil.rmtree(tmp_path / "runs")  # the checkout lost every run folder
+    stdout = run_script(*args[1:])
+    assert f"resumes after step {kept}" in stdout and "es seed 0: done" in stdout
+    record = json.loads((tmp_path / "runs" / "es-seed0" / "result.json").read_text())
+    assert record["summary"]["steps"] > kept and len(record["machines"]) == 2
+    assert all(m["torch_cpu_capability"] and m["cpu"] for m in record["machines"])
+    log = read_jsonl(tmp_path / "runs" / "es-seed0" / "es_log.jsonl")
+    assert [e["step"] for e in log] == list(range(record["summary"]["steps"]))  # none twice
+    assert not state.exists() and not state.parent.exists()
+
+
+def _lines(path):
+    """The whole lines of a file (a copy may end in half a line)."""
+    return path.read_text().split("\n")[:-1] if path.exists() else []
+
+
 def test_real_model_user_errors_are_one_line_exit_2(tmp_path):
     """A missing benchmark file or an unknown method: one line naming the fix, exit 2, and
     nothing written."""
@@ -382,7 +422,7 @@ def test_real_model_sweep_picks_by_accuracy_then_reward_then_default(tmp_path, m
     }  # fmt: skip
     seen = []
 
-    def scripted(specs, workers, archive):
+    def scripted(specs, workers, archive, keep_every=60.0):
         seen.extend(s.method for s in specs)
         assert all(s.seed == real_model.SWEEP_SEED and s.settings["eval_every"] == 0
                    and s.passk_tasks == 0 for s in specs)  # fmt: skip
@@ -406,7 +446,7 @@ def test_real_model_sweep_picks_by_accuracy_then_reward_then_default(tmp_path, m
     assert {t["trial"] for t in result["trials"]} == set(outcome)
     outcome["grpo-lr10"] = None
 
-    def failing(specs, workers, archive):
+    def failing(specs, workers, archive, keep_every=60.0):
         dead = {"spec": {}, "error": "Traceback ...\nRuntimeError: out of memory\n"}
         return [dead if outcome[s.method] is None else scripted([s], workers, archive)[0]
                 for s in specs]  # fmt: skip
