@@ -119,7 +119,7 @@ TRAIN = {"model": "smollm2-135m", "dtype": "float32", "demonstrations": 2,
 FINAL = {"passk_benchmark": "gsm8k", "passk_split": "test", "passk_tasks": 256, "passk_n": 1,
          "passk_ks": (1,), "passk_temperature": 0.0}
 BUDGET = 1800.0  # CPU seconds per run (one thread: 30 minutes of one core)
-QUICK = {"model": "tiny", "budget": 12.0, "train": {"batch_size": 2, "max_new_tokens": 32,
+QUICK = {"model": "tiny", "budget": 6.0, "train": {"batch_size": 2, "max_new_tokens": 32,
          "eval_tasks": 8, "num_train_tasks": 40, "demonstrations": 0, "dtype": "float32"},
          "final": {"passk_tasks": 4}, "eval_every": 2}
 # fmt: on

@@ -7,7 +7,12 @@ how much of an ES/CoPES member's perturbation survives bf16 rounding.
    tokens (eos is suppressed), so both dtypes do the same work. Reported: tokens/s of each
    (the fastest repeat) and bf16/fp32, beside the bf16/fp32 time of the matrix product that
    `--dtype auto` measures (`copes.agents.loading.cpu_auto_dtype`).
-2. **Perturbation survival.** ES keeps an fp32 master and writes `bf16(master + sigma_k eps)`
+2. **Training's matrix products.** A GRPO backward runs each linear layer's product in three
+   layouts: the forward (x W^T), the input gradient (g W) and the weight gradient (g^T x).
+   Each is timed in both dtypes at the shape of SmolLM2's MLP (`--tokens` x 576 by 576 x
+   1,536), best of 3, one call each: GFLOP/s per layout and dtype. A CPU without native bf16
+   runs some layouts on torch's fallback kernel.
+3. **Perturbation survival.** ES keeps an fp32 master and writes `bf16(master + sigma_k eps)`
    into the bf16 weights (`copes.optimizers.perturb`). For each sigma and K, one member of
    one subspace is applied to the real weights, and the change that reached the bf16
    weights is compared with the intended one over the member's coordinates: the share of
@@ -113,6 +118,28 @@ def survival(model, sigma: float, num_subspaces: int, seed: int = 7) -> dict[str
     }
 
 
+def products(tokens: int, hidden: int = 576, inner: int = 1536) -> dict[str, dict[str, float]]:
+    """GFLOP/s of a linear layer's three training products, per dtype (best of 3)."""
+    out: dict[str, dict[str, float]] = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randn(tokens, hidden, generator=gen).to(dtype)
+        w = torch.randn(inner, hidden, generator=gen).to(dtype)
+        g = torch.randn(tokens, inner, generator=gen).to(dtype)
+        layouts = {"forward x@W.T": (x, w.t()), "input grad g@W": (g, w),
+                   "weight grad g.T@x": (g.t(), x)}  # fmt: skip
+        rates = {}
+        for name, (left, right) in layouts.items():
+            best = float("inf")
+            for _ in range(3):
+                start = time.perf_counter()
+                torch.mm(left, right)
+                best = min(best, time.perf_counter() - start)
+            rates[name] = round(2 * tokens * hidden * inner / best / 1e9, 2)
+        out[str(dtype).removeprefix("torch.")] = rates
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m")
@@ -122,6 +149,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--demonstrations", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--tokens", type=int, default=1024, help="rows of the products timed")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args()
 
@@ -161,6 +189,7 @@ def main() -> None:
             "bf16_over_fp32_speed": speed["bfloat16"] / speed["float32"],
         },
         "matmul_bf16_over_fp32_time": matmul,
+        "training_products_gflops": products(args.tokens),
         "perturbation_survival_bf16": [
             survival(policies["bfloat16"].model, sigma, k) for k in (1, 4) for sigma in SIGMAS
         ],

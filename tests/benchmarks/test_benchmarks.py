@@ -340,7 +340,7 @@ def test_real_model_resumes_an_es_run_from_the_archive_alone(tmp_path, tiny_agen
     of the run says which CPU trained it."""
     shared = gsm8k_like(tmp_path / "shared", 140)
     args = [sys.executable, BENCHMARKS / "real_model.py", "--quick", "--model", tiny_agent_dir,
-            "--methods", "es", "--budget", "40", "--keep-every", "0.5", "--data-dir", shared,
+            "--methods", "es", "--budget", "12", "--keep-every", "0.5", "--data-dir", shared,
             "--runs-dir", tmp_path / "runs", "--results-dir", tmp_path / "results"]  # fmt: skip
     state = tmp_path / "results" / "real_model-quick-runs" / "unfinished" / "es-seed0"
     proc = subprocess.Popen(list(map(str, args)), cwd=ROOT, start_new_session=True,
