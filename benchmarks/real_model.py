@@ -320,9 +320,9 @@ def execute(
     specs: list[RunSpec], workers: int, archive: Archive, keep_every: float = 60.0
 ) -> list[dict[str, Any]]:
     """Every run in a fresh process (`max_tasks_per_child=1`: its peak RSS is its own),
-    `workers` at a time, one thread each; finished runs are read back (from --runs-dir, or
-    restored from the archive) and every finished run is archived, unfinished ES/CoPES runs'
-    state every `keep_every` seconds."""
+    `workers` at a time in the order `next_run` picks, one thread each; finished runs are
+    read back (from --runs-dir, or restored from the archive) and every finished run is
+    archived, unfinished ES/CoPES runs' state every `keep_every` seconds."""
     archive.restore(specs)
     try:
         check_finished_runs(specs)
@@ -340,11 +340,14 @@ def execute(
         fresh = {"max_tasks_per_child": 1} if sys.version_info >= (3, 11) else {}
         try:
             with ProcessPoolExecutor(workers, mp_context=context, **fresh) as pool:
-                # GRPO first: its state is not archived, so it must finish in the session it
-                # starts in; an ES/CoPES run left unfinished resumes in the next one
-                first = sorted(todo, key=lambda s: s.settings.get("optimizer") in REPLAYED)
-                running = {pool.submit(_run_logged, spec): spec for spec in first}
-                while running:
+                pending, running = list(todo), {}
+                while pending or running:
+                    while len(running) < workers:
+                        spec = next_run(pending, list(running.values()))
+                        if spec is None:
+                            break
+                        pending.remove(spec)
+                        running[pool.submit(_run_logged, spec)] = spec
                     done, _ = wait(running, timeout=keep_every, return_when=FIRST_COMPLETED)
                     for future in done:
                         spec = running.pop(future)
@@ -361,6 +364,22 @@ def execute(
                 "step is kept: start the same command again, with --workers 1 if memory is short"
             )
     return [records[s.run_dir] for s in specs]
+
+
+def next_run(pending: list[RunSpec], running: list[RunSpec]) -> RunSpec | None:
+    """The run to start in a free slot (None: leave it free for now). GRPO-family runs first,
+    because their state is not archived and they must finish in the session they start in,
+    but never two side by side: in float32 each peaked at 10-13 GB of RSS (the sweep,
+    2026-12-07), and two do not fit in 24 GB; an ES/CoPES run (about 5 GB) goes beside one."""
+
+    def heavy(spec: RunSpec) -> bool:
+        return spec.settings.get("optimizer") not in REPLAYED
+
+    if not any(heavy(s) for s in running):
+        first = next((s for s in pending if heavy(s)), None)
+        if first is not None:
+            return first
+    return next((s for s in pending if not heavy(s)), None)
 
 
 def _score(record: dict[str, Any]) -> tuple[float, float]:

@@ -457,6 +457,26 @@ def test_real_model_sweep_picks_by_accuracy_then_reward_then_default(tmp_path, m
     assert stop.value.code == 2
 
 
+def test_real_model_starts_grpo_runs_first_but_never_two_side_by_side():
+    """GRPO-family runs (not resumable from the archive) start first; a second one waits
+    for the first to end (memory) while ES/CoPES runs fill the other slots."""
+    sys.path.insert(0, str(BENCHMARKS))
+    import real_model
+    from _learning_runs import RunSpec
+
+    def spec(method, optimizer):
+        return RunSpec(method, 0, {"optimizer": optimizer}, method, "m", "e", "cpu-seconds", 1.0)
+
+    es, k4 = spec("es", "es"), spec("copes-k4", "copes")
+    grpo, lora = spec("grpo", "grpo"), spec("lora-grpo", "lora-grpo")
+    assert real_model.next_run([es, k4, grpo, lora], []) is grpo
+    assert real_model.next_run([es, k4, lora], [grpo]) is es
+    assert real_model.next_run([lora], [grpo]) is None  # waits, the slot stays free
+    assert real_model.next_run([lora], [es]) is lora
+    assert real_model.next_run([es, k4], [k4]) is es
+    assert real_model.next_run([], [grpo]) is None
+
+
 def test_real_model_refuses_a_changed_data_source_and_a_short_file(tmp_path, capsys):
     sys.path.insert(0, str(BENCHMARKS))
     import real_model
