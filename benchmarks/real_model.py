@@ -370,7 +370,7 @@ def next_run(pending: list[RunSpec], running: list[RunSpec]) -> RunSpec | None:
     """The run to start in a free slot (None: leave it free for now). GRPO-family runs first,
     because their state is not archived and they must finish in the session they start in,
     but never two side by side: in float32 each peaked at 10-13 GB of RSS (the sweep,
-    2026-12-07), and two do not fit in 24 GB; an ES/CoPES run (about 5 GB) goes beside one."""
+    2026-12-07), and two do not fit in 24 GB; an ES/CoPES run (9 GB) goes beside one."""
 
     def heavy(spec: RunSpec) -> bool:
         return spec.settings.get("optimizer") not in REPLAYED
