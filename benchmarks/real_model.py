@@ -19,9 +19,9 @@ curves.py), with the base model's GSM8K test pass@1 beside the final checkpoints
 
 Why float32 and not bfloat16: the comparison is spread over sessions, and sessions get
 different machines. On one with native bf16 (avx512_bf16) bf16 generation was 2.5x faster
-than fp32; on one without (AVX2 only, 2026-12-07) torch's bf16 matrix products run 6x
-(forward) to 40x (a backward's input gradient) slower than fp32, and a GRPO step of the bf16
-sweep took 4,300 CPU seconds (benchmarks/results/real_model-bf16-runs/, docs/results.md).
+than fp32; on one without (AVX2 only, 2026-12-07) torch's bf16 matrix products run 7x
+(forward) to 69x (a backward's input gradient) slower than fp32 (real_model_dtype.py), and a
+GRPO step of the bf16 sweep took 4,300 CPU seconds (benchmarks/results/real_model-bf16-runs/).
 float32 is fast everywhere, the same dtype on every machine a run resumes on, and holds an ES
 member's perturbation exactly (bf16 rounding keeps a cosine of 0.96 of it at sigma 1e-3).
 
