@@ -180,31 +180,18 @@ def final_test(spec: RunSpec, policy: Any, out_dir: str | Path) -> dict[str, flo
 
 
 def machine_facts() -> dict[str, Any]:
-    """The CPU this process runs on, as far as it changes speed or float results: the model
-    name, the vector/matrix extensions torch can use, torch's build. A run spread over
-    sessions may train its parts on different machines; every part says which."""
-    import platform
+    """The CPU this process runs on, as far as it changes speed or float results (copes'
+    own `machine_info` and `native_bf16_cpu`). A run spread over sessions may train its parts
+    on different machines; every part says which."""
+    from copes.agents.loading import native_bf16_cpu
+    from copes.agents.tiny import machine_info
 
-    import torch
-
-    flags: set[str] = set()
-    name = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                name = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
-                break
-    except OSError:  # not Linux: the name platform gives
-        pass
-    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+    info = machine_info()
     return {
-        "cpu": name,
-        "extensions": [f for f in wanted if f in flags],
-        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "torch": torch.__version__,
+        "cpu": info["cpu"],
+        "torch_cpu_capability": info["cpu_capability"],
+        "native_bf16": native_bf16_cpu(),
+        "torch": info["torch"],
         "cpus": os.cpu_count(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
