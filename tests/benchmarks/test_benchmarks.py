@@ -287,17 +287,43 @@ def gsm8k_like(folder: Path, n: int) -> Path:
 
 
 @pytest.mark.slow
-def test_real_model_quick_end_to_end(tmp_path, tiny_agent_dir):
-    """The real-model experiment's whole pipeline on the tiny agent: the held-out split of
-    the train file, every method under a CPU-seconds budget in its own process, the report
-    with protocol and invalid rates, peak RSS and the base model's test; a second invocation
-    trains nothing again, nor does one on a machine that lost the runs' folders (a fresh
-    checkout): the finished records come back from the archive beside the report."""
+def test_real_model_quick_end_to_end_and_its_archive(tmp_path, tiny_agent_dir):
+    """The real-model experiment's whole pipeline on the tiny agent, through a session's end:
+    the first invocation is killed once ES's unfinished state was kept twice, and the machine
+    loses --runs-dir (a fresh checkout). The next one resumes ES after the kept steps (never a
+    step twice, each part's CPU recorded) and trains the rest: the held-out split of the train
+    file, every method under a CPU-seconds budget in its own process, the report with protocol
+    and invalid rates, peak RSS and the base model's test. A third invocation trains nothing,
+    nor does one on a machine that lost the runs' folders: the finished records come back from
+    the archive beside the report. (One test, not two: the pipeline is the CI's slowest.)"""
     shared = gsm8k_like(tmp_path / "shared", 140)
     args = [BENCHMARKS / "real_model.py", "--quick", "--model", tiny_agent_dir,
-            "--data-dir", shared, "--runs-dir", tmp_path / "runs",
+            "--keep-every", "0.5", "--data-dir", shared, "--runs-dir", tmp_path / "runs",
             "--results-dir", tmp_path / "results"]  # fmt: skip
+    archived = tmp_path / "results" / "real_model-quick-runs"
+    state = archived / "unfinished" / "es-seed0"
+    proc = subprocess.Popen([sys.executable, *map(str, args)], cwd=ROOT, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:  # GRPO starts first (it cannot be archived), ES beside it
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and len(_lines(state / "es_log.jsonl")) < 2:
+            assert proc.poll() is None, "the benchmark finished before ES's state was kept twice"
+            time.sleep(0.2)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    kept = len(_lines(state / "es_log.jsonl"))
+    assert kept >= 2 and json.loads((state / "spec.json").read_text())["spec"]["method"] == "es"
+    shutil.rmtree(tmp_path / "runs")  # the checkout lost every run folder
+
     stdout = run_script(*args)
+    assert f"resumes after step {kept}" in stdout and "es seed 0: done" in stdout
+    es = json.loads((tmp_path / "runs" / "es-seed0" / "result.json").read_text())
+    assert es["summary"]["steps"] >= kept and len(es["machines"]) == 2
+    assert all(m["torch_cpu_capability"] and m["cpu"] for m in es["machines"])
+    log = read_jsonl(tmp_path / "runs" / "es-seed0" / "es_log.jsonl")
+    assert [e["step"] for e in log] == list(range(es["summary"]["steps"]))  # none twice
+    assert not (archived / "unfinished").exists()
     data = tmp_path / "runs" / "data" / "gsm8k"
     train = (shared / "gsm8k" / "train.jsonl").read_text().splitlines()
     assert (data / "train.jsonl").read_text().splitlines() == train[:-128]
@@ -318,10 +344,11 @@ def test_real_model_quick_end_to_end(tmp_path, tiny_agent_dir):
         pids.add(json.loads((tmp_path / "runs" / name / "result.json").read_text())["pid"])
     assert len(pids) == len(out["runs"])  # each run in its own process
     assert "| es-seed0 |" in stdout and "base model: GSM8K test pass@1" in stdout
+
     again = run_script(*args)
     assert "[real_model]" not in again.replace("[real_model] wrote", "")  # nothing trained
-    archived = sorted(p.name for p in (tmp_path / "results" / "real_model-quick-runs").iterdir())
-    assert archived == sorted([*(f"{n}.json" for n in out["runs"]), "base-test.json"])
+    kept_records = sorted(p.name for p in archived.iterdir())
+    assert kept_records == sorted([*(f"{n}.json" for n in out["runs"]), "base-test.json"])
     for name in out["runs"]:
         shutil.rmtree(tmp_path / "runs" / name)
     shutil.rmtree(tmp_path / "runs" / "base-test")
@@ -330,40 +357,6 @@ def test_real_model_quick_end_to_end(tmp_path, tiny_agent_dir):
     restored = json.loads((tmp_path / "results" / "real_model-quick.json").read_text())
     assert restored["runs"] == out["runs"]
     assert restored["base_model_test"] == out["base_model_test"]
-
-
-@pytest.mark.slow
-def test_real_model_resumes_an_es_run_from_the_archive_alone(tmp_path, tiny_agent_dir):
-    """A benchmark killed mid-run on a machine that then loses --runs-dir (a session's end):
-    the unfinished ES run's state kept in the archive brings it back, it resumes after the
-    kept steps instead of from step 0, finishes, and its state leaves the archive; each part
-    of the run says which CPU trained it."""
-    shared = gsm8k_like(tmp_path / "shared", 140)
-    args = [sys.executable, BENCHMARKS / "real_model.py", "--quick", "--model", tiny_agent_dir,
-            "--methods", "es", "--budget", "12", "--keep-every", "0.5", "--data-dir", shared,
-            "--runs-dir", tmp_path / "runs", "--results-dir", tmp_path / "results"]  # fmt: skip
-    state = tmp_path / "results" / "real_model-quick-runs" / "unfinished" / "es-seed0"
-    proc = subprocess.Popen(list(map(str, args)), cwd=ROOT, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and len(_lines(state / "es_log.jsonl")) < 2:
-            assert proc.poll() is None, "the run finished before its state was kept twice"
-            time.sleep(0.2)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    kept = len(_lines(state / "es_log.jsonl"))
-    assert kept >= 2 and json.loads((state / "spec.json").read_text())["spec"]["method"] == "es"
-    shutil.rmtree(tmp_path / "runs")  # the checkout lost every run folder
-    stdout = run_script(*args[1:])
-    assert f"resumes after step {kept}" in stdout and "es seed 0: done" in stdout
-    record = json.loads((tmp_path / "runs" / "es-seed0" / "result.json").read_text())
-    assert record["summary"]["steps"] > kept and len(record["machines"]) == 2
-    assert all(m["torch_cpu_capability"] and m["cpu"] for m in record["machines"])
-    log = read_jsonl(tmp_path / "runs" / "es-seed0" / "es_log.jsonl")
-    assert [e["step"] for e in log] == list(range(record["summary"]["steps"]))  # none twice
-    assert not state.exists() and not state.parent.exists()
 
 
 def _lines(path):
