@@ -149,6 +149,38 @@ def curve_of(run_dir: Path) -> dict[str, list[float]]:
     }
 
 
+def signal_of(run_dir: Path) -> dict[str, Any]:
+    """What the training steps gave the optimizer to learn from, to say why a run did or did
+    not gain: the share of steps whose rewards all tied (ES: every member scored alike; GRPO:
+    every group had zero variance), which move no weight; the share of steps with any correct
+    answer; the mean train accuracy and reward spread; for ES/CoPES the share of members with
+    a positive reward (a verified answer outweighing its invalid turns). {} before a step."""
+    from copes.run_log import read_jsonl
+
+    train = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["kind"] == "train"]
+    if not train:
+        return {}
+
+    def tied(row: dict[str, Any]) -> bool:
+        if "zero_variance_groups" in row:
+            return row["zero_variance_groups"] >= 1.0
+        return row["reward_std"] == 0.0
+
+    n = len(train)
+    signal = {
+        "steps": n,
+        "tied_steps": sum(map(tied, train)) / n,
+        "steps_with_a_correct_answer": sum(r["accuracy"] > 0 for r in train) / n,
+        "train_accuracy_mean": sum(r["accuracy"] for r in train) / n,
+        "reward_std_mean": sum(r["reward_std"] for r in train) / n,
+    }
+    members_log = run_dir / "es_log.jsonl"
+    if members_log.exists():
+        rewards = [x for entry in read_jsonl(members_log) for x in entry["rewards"]]
+        signal["members_with_a_positive_reward"] = sum(x > 0 for x in rewards) / len(rewards)
+    return signal
+
+
 def final_test(spec: RunSpec, policy: Any, out_dir: str | Path) -> dict[str, float]:
     """Unbiased pass@k of `policy` on the spec's final test (default: the env's synthetic
     test split), with the training episodes' prompt (demonstrations, turns, tokens)."""
@@ -237,6 +269,7 @@ def run_one(spec: RunSpec) -> dict[str, Any]:
             "spec": asdict(spec),
             "summary": summary,
             "curve": curve_of(Path(spec.run_dir)),
+            "signal": signal_of(Path(spec.run_dir)),
             "pass_at_k": passk,
             # this invocation only (a resumed run counts its last part); under shared cores
             # an upper bound: the load average says how shared they were

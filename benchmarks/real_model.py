@@ -70,6 +70,7 @@ from _learning_runs import (
     read_result,
     run_one,
     same_spec,
+    signal_of,
     write_atomic,
 )
 
@@ -603,9 +604,19 @@ def run_facts(record: dict[str, Any]) -> dict[str, Any]:
         "peak_rss_mb": record.get("peak_rss_mb"),
         "load_average": [record.get("load_average_at_start"), record.get("load_average_at_end")],
         "test_pass@1": record["pass_at_k"].get("pass@1"),
+        "signal": _signal(record),
         # every part of the run (one per session it trained in): which CPU trained it
         "cpus": [m["cpu"] + f" ({m['torch_cpu_capability']})" for m in record.get("machines", [])],
     }
+
+
+def _signal(record: dict[str, Any]) -> dict[str, Any]:
+    """What the run's steps had to learn from (`signal_of`): kept in its record since
+    2026-12-07; read from its metrics where an older record lacks it and they are here."""
+    if "signal" in record:
+        return record["signal"]
+    run_dir = Path(record["spec"]["run_dir"])
+    return signal_of(run_dir) if (run_dir / "metrics.jsonl").exists() else {}
 
 
 def _value(x: float | None) -> str:
@@ -616,8 +627,8 @@ def runs_table(runs: dict[str, dict[str, Any]], base: dict[str, Any]) -> str:
     lines = [
         f"base model: GSM8K test pass@1 {_value(base.get('pass@1'))}",
         "| run | steps | tokens | val acc (first -> last) | protocol use | tool use | invalid "
-        "| peak RSS MB | test pass@1 |",
-        "|---|---:|---:|---|---|---|---|---:|---:|",
+        "| peak RSS MB | test pass@1 | tied steps | steps with a correct answer |",
+        "|---|---:|---:|---|---|---|---|---:|---:|---:|---:|",
     ]
 
     def pair(first_last: list[float | None]) -> str:
@@ -625,14 +636,16 @@ def runs_table(runs: dict[str, dict[str, Any]], base: dict[str, Any]) -> str:
 
     for name, r in runs.items():
         if "error" in r:
-            lines.append(f"| {name} | FAILED | | | | | | | |")
+            lines.append(f"| {name} | FAILED | | | | | | | | | |")
             continue
         lines.append(
             f"| {name} | {r['steps']} | {r['generated_tokens']:,} "
             f"| {pair(r['validation_accuracy'])} "
             f"| {pair(r['protocol_use_rate'])} | {pair(r['tool_use_rate'])} "
             f"| {pair(r['invalid_rate'])} "
-            f"| {r['peak_rss_mb']} | {_value(r['test_pass@1'])} |"
+            f"| {r['peak_rss_mb']} | {_value(r['test_pass@1'])} "
+            f"| {_value(r['signal'].get('tied_steps'))} "
+            f"| {_value(r['signal'].get('steps_with_a_correct_answer'))} |"
         )
     return "\n".join(lines)
 

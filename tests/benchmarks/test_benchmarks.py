@@ -274,6 +274,37 @@ def test_a_cpu_seconds_budget_reaches_the_trainer_and_the_curves(tmp_path):
     assert cut.budgets == (0.0, 3.0, 5.0) and overshoot == 1.0
 
 
+def test_signal_of_says_what_the_steps_had_to_learn_from(tmp_path):
+    """ES: a step whose members all scored alike is tied; GRPO: a step whose every group had
+    zero variance is; members with a positive reward come from the seed log."""
+    from _learning_runs import signal_of
+
+    def write(name, rows):
+        (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    write("metrics.jsonl", [{"kind": "validation", "step": 0, "accuracy": 0.0}])
+    assert signal_of(tmp_path) == {}  # no step yet
+    write("metrics.jsonl", [
+        {"kind": "validation", "step": 0, "accuracy": 0.5, "reward_std": 9.0},
+        {"kind": "train", "step": 0, "accuracy": 0.0, "reward_std": 0.0},
+        {"kind": "train", "step": 1, "accuracy": 0.25, "reward_std": 0.2},
+    ])  # fmt: skip
+    write("es_log.jsonl", [{"step": 0, "rewards": [0.0, -0.2]}, {"step": 1, "rewards": [0.8, 0]}])
+    es = signal_of(tmp_path)
+    assert es == {"steps": 2, "tied_steps": 0.5, "steps_with_a_correct_answer": 0.5,
+                  "train_accuracy_mean": 0.125, "reward_std_mean": 0.1,
+                  "members_with_a_positive_reward": 0.25}  # fmt: skip
+    (tmp_path / "es_log.jsonl").unlink()
+    write("metrics.jsonl", [
+        {"kind": "train", "step": 0, "accuracy": 0.0, "reward_std": 0.3,
+         "zero_variance_groups": 1.0},
+        {"kind": "train", "step": 1, "accuracy": 0.0, "reward_std": 0.3,
+         "zero_variance_groups": 0.5},
+    ])  # fmt: skip
+    grpo = signal_of(tmp_path)
+    assert grpo["tied_steps"] == 0.5 and "members_with_a_positive_reward" not in grpo
+
+
 def gsm8k_like(folder: Path, n: int) -> Path:
     """A GSM8K-schema train and test file (question; answer ending '#### n') of n problems."""
     (folder / "gsm8k").mkdir(parents=True)
@@ -339,6 +370,9 @@ def test_real_model_quick_end_to_end_and_its_archive(tmp_path, tiny_agent_dir):
         for key in ("protocol_use_rate", "tool_use_rate", "invalid_rate", "validation_accuracy"):
             assert all(0 <= v <= 1 for v in run[key]), (name, key)
         assert run["peak_rss_mb"] > 100 and 0 <= run["test_pass@1"] <= 1
+        assert run["signal"]["steps"] == run["steps"], name
+        assert 0 <= run["signal"]["tied_steps"] <= 1
+        assert ("members_with_a_positive_reward" in run["signal"]) == ("grpo" not in name)
         spec = json.loads((tmp_path / "runs" / f"{name}" / "config.json").read_text())
         assert spec["train"]["benchmark"] == "gsm8k" and spec["train"]["eval_tasks"] == 8
         pids.add(json.loads((tmp_path / "runs" / name / "result.json").read_text())["pid"])
