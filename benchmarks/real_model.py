@@ -12,9 +12,8 @@ against CPU seconds, protocol-use and invalid rates, tokens, peak RSS, and each 
 share of GRPO's gain at GRPO's best validation point (the paper's measure; copes/evaluation/
 curves.py), with the base model's GSM8K test pass@1 beside the final checkpoints'.
 
-    python benchmarks/real_model.py --sweep                 # the hyper-parameter sweep (seed 100)
-    python benchmarks/real_model.py --seeds 0               # one seed of every method
-    python benchmarks/real_model.py --methods grpo,es,copes-k4 --seeds 0 1 2
+    python benchmarks/real_model.py --sweep       # the sweep (seed 100), then every SEEDS run
+    python benchmarks/real_model.py --sweep --seeds 0       # the sweep, then seed 0 of each
     python benchmarks/real_model.py --quick                 # CI smoke: the tiny agent, seconds
 
 Why float32 and not bfloat16: the comparison is spread over sessions, and sessions get
@@ -119,6 +118,10 @@ TRAIN = {"model": "smollm2-135m", "dtype": "float32", "demonstrations": 2,
          "num_train_tasks": 7473 - HELD_OUT, "invalid_penalty": 0.2}
 FINAL = {"passk_benchmark": "gsm8k", "passk_split": "test", "passk_tasks": 256, "passk_n": 1,
          "passk_ks": (1,), "passk_temperature": 0.0}
+# The runs without --seeds (issue 39): one seed of every method, three of GRPO, ES and CoPES
+# K = 4. Every method's seed 0 comes first (`plan`), so a comparison cut short is whole.
+SEEDS = {"es": (0, 1, 2), "copes-k2": (0,), "copes-k4": (0, 1, 2), "grpo": (0, 1, 2),
+         "lora-grpo": (0,)}
 BUDGET = 1800.0  # CPU seconds per run (one thread: 30 minutes of one core)
 QUICK = {"model": "tiny", "budget": 6.0, "train": {"batch_size": 2, "max_new_tokens": 32,
          "eval_tasks": 8, "num_train_tasks": 40, "demonstrations": 0, "dtype": "float32"},
@@ -199,7 +202,7 @@ def method_table(quick: bool) -> dict[str, dict[str, Any]]:
 
 def plan(
     table: dict[str, dict[str, Any]],
-    seeds: list[int],
+    seeds: list[int] | None,
     args: argparse.Namespace,
     data_dir: Path,
     budget: float,
@@ -216,6 +219,8 @@ def plan(
     if not test:
         final["passk_tasks"] = 0
     del train["model"]
+    runs = [(m, seed) for m in table for seed in (seeds or SEEDS.get(m, (0,)))]
+    runs.sort(key=lambda run: run[1])  # by seed (stable: the table's order within a seed)
     return [
         RunSpec(
             method=m,
@@ -229,8 +234,7 @@ def plan(
             train=train,
             **final,
         )
-        for m in table
-        for seed in seeds
+        for m, seed in runs
     ]
 
 
@@ -503,7 +507,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="CI smoke: the tiny agent, seconds")
     p.add_argument("--model", help="override the model (default: smollm2-135m; quick: tiny)")
     p.add_argument("--methods", help=f"comma-separated subset of {', '.join(METHODS)}")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0])
+    p.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=None,
+        help="seeds of every method (default: SEEDS, three of GRPO, ES and CoPES "
+        "K = 4, one of the others; --quick: 0)",
+    )
     p.add_argument("--budget", type=float, help=f"CPU seconds per run (default {BUDGET:g})")
     p.add_argument("--sweep", action="store_true", help="run the sweep, then use its table")
     p.add_argument("--workers", type=int, default=2, help="runs in parallel, one thread each")
@@ -537,7 +548,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         fail(f"--budget must be > 0 CPU seconds, got {args.budget:g}")
     if not args.keep_every > 0:
         fail(f"--keep-every must be > 0 seconds, got {args.keep_every:g}")
-    if len(set(args.seeds)) != len(args.seeds):
+    if args.seeds is None and args.quick:
+        args.seeds = [0]
+    if args.seeds is not None and len(set(args.seeds)) != len(args.seeds):
         fail(f"--seeds {' '.join(map(str, args.seeds))} names a seed twice")
     name = args.name or ("real_model-quick" if args.quick else "real_model")
     runs_dir = Path(args.runs_dir or f"runs/benchmarks/{name}")
@@ -558,7 +571,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "benchmark": "real_model",
         "command": "python benchmarks/real_model.py " + " ".join(argv or sys.argv[1:]),
         "model": records[0]["spec"]["model"] if records else None,
-        "seeds": args.seeds,
+        "seeds": {m: sorted({s.seed for s in specs if s.method == m}) for m in table},
         "budget_kind": "cpu-seconds",
         "hyperparameters": table,
         "sweep": tuning,

@@ -504,6 +504,23 @@ def test_real_model_starts_grpo_runs_first_but_never_two_side_by_side():
     assert real_model.next_run([], [grpo]) is None
 
 
+def test_real_model_plans_seed_0_of_every_method_first_then_the_issues_three_seeds(tmp_path):
+    """Without --seeds: one seed of every method, three of GRPO, ES and CoPES K = 4, every
+    seed 0 before any seed 1 (a comparison cut short is whole); --seeds applies to all."""
+    sys.path.insert(0, str(BENCHMARKS))
+    import real_model
+
+    args = real_model.parse_args([])
+    table = real_model.method_table(False)
+    runs = [(s.method, s.seed) for s in real_model.plan(table, None, args, tmp_path, 1.0,
+                                                           tmp_path)]  # fmt: skip
+    assert runs[:5] == [(m, 0) for m in table]
+    assert sorted(runs[5:]) == sorted((m, s) for m in ("es", "copes-k4", "grpo") for s in (1, 2))
+    assert [s for _, s in runs] == sorted(s for _, s in runs)
+    assert all(s.run_dir == str(tmp_path / f"{s.method}-seed{s.seed}")
+               for s in real_model.plan(table, [3], args, tmp_path, 1.0, tmp_path))  # fmt: skip
+
+
 def test_real_model_refuses_a_changed_data_source_and_a_short_file(tmp_path, capsys):
     sys.path.insert(0, str(BENCHMARKS))
     import real_model
