@@ -312,6 +312,9 @@ class Archive:
 
     def keep(self, spec: RunSpec, record: dict[str, Any]) -> None:
         if "error" not in record:
+            # a run finished before records kept their signal: read it from its metrics
+            if "signal" not in record and (signal := _signal(record)):
+                record = {**record, "signal": signal}
             write_atomic(self.path(spec.run_dir), record)
             state = self.unfinished(spec.run_dir)
             shutil.rmtree(state, ignore_errors=True)

@@ -564,3 +564,11 @@ def test_real_model_archive_restores_only_the_spec_asked_for(tmp_path, capsys):
         archive.restore([other])
     assert stop.value.code == 2 and "other settings" in capsys.readouterr().err
     assert read_result(other.run_dir) is None
+    # a record from before records kept their signal: the archive adds it from the metrics
+    older = RunSpec("es", 2, {}, str(runs / "es-seed2"), "m", "e", "cpu-seconds", 600.0)
+    Path(older.run_dir).mkdir(parents=True)
+    row = {"kind": "train", "step": 0, "accuracy": 0.25, "reward_std": 0.0}
+    (Path(older.run_dir) / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+    archive.keep(older, {"spec": real_model.asdict(older)})
+    kept = json.loads(archive.path(older.run_dir).read_text())
+    assert kept["signal"]["tied_steps"] == 1.0 and kept["signal"]["train_accuracy_mean"] == 0.25
