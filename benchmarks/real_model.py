@@ -14,6 +14,8 @@ curves.py), with the base model's GSM8K test pass@1 beside the final checkpoints
 
     python benchmarks/real_model.py --sweep       # the sweep (seed 100), then every SEEDS run
     python benchmarks/real_model.py --sweep --seeds 0       # the sweep, then seed 0 of each
+    python benchmarks/real_model.py --methods grpo --seeds 0 --name my-grpo \
+        --settings-from benchmarks/results/real_model.json  # one run of yours, the sweep's choice
     python benchmarks/real_model.py --quick                 # CI smoke: the tiny agent, seconds
 
 Why float32 and not bfloat16: the comparison is spread over sessions, and sessions get
@@ -197,6 +199,21 @@ def method_table(quick: bool) -> dict[str, dict[str, Any]]:
                 settings["population_size"] = 2 * settings.get("num_subspaces", 1)
             else:
                 settings["group_size"] = settings["micro_batch_size"] = 2
+    return table
+
+
+def settings_from(report: str, sweep: bool) -> dict[str, dict[str, Any]]:
+    """The method table a finished report trained with (after its sweep, if it had one)."""
+    if sweep:
+        fail("--settings-from and --sweep both choose the hyper-parameters: pass one of them")
+    try:
+        table = json.loads(Path(report).read_text())["hyperparameters"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        fail(f"--settings-from {report}: not a real_model report's JSON ({exc}); pass the "
+             "--out of a finished run, e.g. benchmarks/results/real_model.json")  # fmt: skip
+    if not isinstance(table, dict) or not all(m in METHODS for m in table):
+        fail(f"--settings-from {report}: its hyperparameters name no known methods; pass a "
+             "real_model report")  # fmt: skip
     return table
 
 
@@ -520,6 +537,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--budget", type=float, help=f"CPU seconds per run (default {BUDGET:g})")
     p.add_argument("--sweep", action="store_true", help="run the sweep, then use its table")
+    p.add_argument("--settings-from", metavar="REPORT.json",
+                   help="use the hyper-parameters a finished report used (its sweep's choice, "
+                   "e.g. benchmarks/results/real_model.json) instead of sweeping; with --name, "
+                   "a run of your own")  # fmt: skip
     p.add_argument("--workers", type=int, default=2, help="runs in parallel, one thread each")
     p.add_argument(
         "--keep-every",
@@ -539,6 +560,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     os.environ.setdefault("COPES_BENCH_THREADS", "1")
     table = method_table(args.quick)
+    if args.settings_from:
+        table = settings_from(args.settings_from, args.sweep)
     if args.methods:
         wanted = args.methods.split(",")
         unknown = [m for m in wanted if m not in table]

@@ -405,6 +405,9 @@ def test_real_model_user_errors_are_one_line_exit_2(tmp_path):
     for extra, says in (
         (["--data-dir", tmp_path / "nowhere"], "gsm8k/train.jsonl is missing; pass --data-dir"),
         (["--methods", "es,adam"], "unknown method(s) ['adam']; choose from"),
+        (["--settings-from", tmp_path / "none.json"], "not a real_model report's JSON"),
+        (["--settings-from", tmp_path / "r.json", "--sweep"], "pass one of them"),
+        (["--settings-from", ROOT / "pyproject.toml"], "not a real_model report's JSON"),
     ):
         proc = subprocess.run(
             [sys.executable, script, "--runs-dir", tmp_path / "runs", *extra], cwd=ROOT,
@@ -413,6 +416,25 @@ def test_real_model_user_errors_are_one_line_exit_2(tmp_path):
         assert proc.returncode == 2 and says in proc.stderr, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "runs").exists()
+
+
+def test_real_model_settings_from_a_report_are_the_runs_settings(tmp_path):
+    """--settings-from: a finished report's table (its sweep's choice) is what the runs
+    train with; --methods picks from it; a table of unknown methods is refused."""
+    sys.path.insert(0, str(BENCHMARKS))
+    import real_model
+
+    chosen = {"grpo": {**real_model.METHODS["grpo"], "learning_rate": 1e-5}}
+    report = tmp_path / "real_model.json"
+    report.write_text(json.dumps({"hyperparameters": chosen}))
+    args = real_model.parse_args(["--settings-from", str(report)])
+    table = real_model.settings_from(args.settings_from, args.sweep)
+    (spec,) = real_model.plan(table, [0], args, tmp_path, 1.0, tmp_path)
+    assert spec.method == "grpo" and spec.settings["learning_rate"] == 1e-5
+    report.write_text(json.dumps({"hyperparameters": {"adam": {}}}))
+    with pytest.raises(SystemExit) as stop:
+        real_model.settings_from(str(report), False)
+    assert stop.value.code == 2
 
 
 def test_bf16_perturbation_measures_what_rounding_swallows(tmp_path, tiny_agent_dir):
