@@ -154,7 +154,9 @@ def signal_of(run_dir: Path) -> dict[str, Any]:
     not gain: the share of steps whose rewards all tied (ES: every member scored alike; GRPO:
     every group had zero variance), which move no weight; the share of steps with any correct
     answer; the mean train accuracy and reward spread; for ES/CoPES the share of members with
-    a positive reward (a verified answer outweighing its invalid turns). {} before a step."""
+    a positive reward (a verified answer outweighing its invalid turns). {} before a step.
+    Accuracy figures count the steps that logged it: a step rebuilt from the seed log after a
+    kill (`copes.run_log.rebuild_train_record`) has its rewards, not its accuracy."""
     from copes.run_log import read_jsonl
 
     train = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["kind"] == "train"]
@@ -167,16 +169,23 @@ def signal_of(run_dir: Path) -> dict[str, Any]:
         return row["reward_std"] == 0.0
 
     n = len(train)
+    accuracy = [r["accuracy"] for r in train if "accuracy" in r]
     signal = {
         "steps": n,
         "tied_steps": sum(map(tied, train)) / n,
-        "steps_with_a_correct_answer": sum(r["accuracy"] > 0 for r in train) / n,
-        "train_accuracy_mean": sum(r["accuracy"] for r in train) / n,
+        "steps_with_a_correct_answer": (
+            sum(a > 0 for a in accuracy) / len(accuracy) if accuracy else None
+        ),
+        "train_accuracy_mean": sum(accuracy) / len(accuracy) if accuracy else None,
         "reward_std_mean": sum(r["reward_std"] for r in train) / n,
     }
     members_log = run_dir / "es_log.jsonl"
-    if members_log.exists():
-        rewards = [x for entry in read_jsonl(members_log) for x in entry["rewards"]]
+    rewards = (
+        [x for entry in read_jsonl(members_log) for x in entry["rewards"]]
+        if members_log.exists()
+        else []
+    )
+    if rewards:
         signal["members_with_a_positive_reward"] = sum(x > 0 for x in rewards) / len(rewards)
     return signal
 

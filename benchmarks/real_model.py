@@ -202,6 +202,22 @@ def method_table(quick: bool) -> dict[str, dict[str, Any]]:
     return table
 
 
+def chosen_table(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """The methods to run and their settings: the published defaults (--quick: shrunk) or
+    those of --settings-from, cut to --methods (in its order)."""
+    if args.settings_from:
+        table = settings_from(args.settings_from, args.sweep)
+    else:
+        table = method_table(args.quick)
+    if args.methods:
+        wanted = args.methods.split(",")
+        unknown = [m for m in wanted if m not in table]
+        if unknown:
+            fail(f"unknown method(s) {unknown}; choose from {list(table)}")
+        table = {m: table[m] for m in wanted}
+    return table
+
+
 def settings_from(report: str, sweep: bool) -> dict[str, dict[str, Any]]:
     """The method table a finished report trained with (after its sweep, if it had one)."""
     if sweep:
@@ -211,9 +227,17 @@ def settings_from(report: str, sweep: bool) -> dict[str, dict[str, Any]]:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         fail(f"--settings-from {report}: not a real_model report's JSON ({exc}); pass the "
              "--out of a finished run, e.g. benchmarks/results/real_model.json")  # fmt: skip
-    if not isinstance(table, dict) or not all(m in METHODS for m in table):
-        fail(f"--settings-from {report}: its hyperparameters name no known methods; pass a "
-             "real_model report")  # fmt: skip
+    rows_ok = (
+        isinstance(table, dict)
+        and table
+        and all(
+            m in METHODS and isinstance(row, dict) and "optimizer" in row
+            for m, row in table.items()
+        )
+    )
+    if not rows_ok:
+        fail(f"--settings-from {report}: its hyperparameters are not a table of copes methods "
+             f"({', '.join(METHODS)}); pass a real_model report")  # fmt: skip
     return table
 
 
@@ -395,16 +419,23 @@ def next_run(pending: list[RunSpec], running: list[RunSpec]) -> RunSpec | None:
     """The run to start in a free slot (None: leave it free for now). GRPO-family runs first,
     because their state is not archived and they must finish in the session they start in,
     but never two side by side: in float32 each peaked at 10-13 GB of RSS (the sweep,
-    2026-12-07), and two do not fit in 24 GB; an ES/CoPES run (9 GB) goes beside one."""
+    2026-12-07), and two do not fit in 24 GB; an ES/CoPES run (9 GB) goes beside one. Lower
+    seeds first: a GRPO-family run jumps the queue only within the lowest pending seed, so
+    every method's seed 0 starts before any seed 1 run, on any number of workers; an ES/CoPES
+    run of a later seed fills a slot that would otherwise wait."""
 
     def heavy(spec: RunSpec) -> bool:
         return spec.settings.get("optimizer") not in REPLAYED
 
+    if not pending:
+        return None
+    lowest = min(s.seed for s in pending)
     if not any(heavy(s) for s in running):
-        first = next((s for s in pending if heavy(s)), None)
+        first = next((s for s in pending if heavy(s) and s.seed == lowest), None)
         if first is not None:
             return first
-    return next((s for s in pending if not heavy(s)), None)
+    light = [s for s in pending if not heavy(s)]
+    return min(light, key=lambda s: s.seed) if light else None  # min keeps the first of equals
 
 
 def _score(record: dict[str, Any]) -> tuple[float, float]:
@@ -559,15 +590,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     os.environ.setdefault("COPES_BENCH_THREADS", "1")
-    table = method_table(args.quick)
-    if args.settings_from:
-        table = settings_from(args.settings_from, args.sweep)
-    if args.methods:
-        wanted = args.methods.split(",")
-        unknown = [m for m in wanted if m not in table]
-        if unknown:
-            fail(f"unknown method(s) {unknown}; choose from {list(table)}")
-        table = {m: table[m] for m in wanted}
+    table = chosen_table(args)
     if args.workers < 1:
         fail(f"--workers must be >= 1, got {args.workers}")
     if args.budget is not None and not args.budget > 0:
@@ -579,6 +602,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.seeds is not None and len(set(args.seeds)) != len(args.seeds):
         fail(f"--seeds {' '.join(map(str, args.seeds))} names a seed twice")
     name = args.name or ("real_model-quick" if args.quick else "real_model")
+    report = Path(args.results_dir) / f"{name}.json"
+    if args.settings_from and Path(args.settings_from).resolve() == report.resolve():
+        fail(f"--settings-from {args.settings_from} is the report this run writes; pass --name "
+             "for a run of your own")  # fmt: skip
     runs_dir = Path(args.runs_dir or f"runs/benchmarks/{name}")
     budget = args.budget if args.budget is not None else QUICK["budget"] if args.quick else BUDGET
     shared = Path(args.data_dir)
@@ -601,6 +628,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "budget_kind": "cpu-seconds",
         "hyperparameters": table,
         "sweep": tuning,
+        "settings_from": args.settings_from,
         "train_settings": plan(table, [0], args, data_dir, budget, runs_dir)[0].train,
         "final_test": {**FINAL, **(QUICK["final"] if args.quick else {})},
         "data": {

@@ -303,6 +303,13 @@ def test_signal_of_says_what_the_steps_had_to_learn_from(tmp_path):
     ])  # fmt: skip
     grpo = signal_of(tmp_path)
     assert grpo["tied_steps"] == 0.5 and "members_with_a_positive_reward" not in grpo
+    # a step rebuilt from the seed log after a kill has rewards but no accuracy
+    write("metrics.jsonl", [{"kind": "train", "step": 0, "reward_std": 0.0,
+                             "rebuilt_from": "es_log.jsonl"}])  # fmt: skip
+    write("es_log.jsonl", [])
+    rebuilt = signal_of(tmp_path)
+    assert rebuilt["tied_steps"] == 1.0 and rebuilt["train_accuracy_mean"] is None
+    assert "members_with_a_positive_reward" not in rebuilt
 
 
 def gsm8k_like(folder: Path, n: int) -> Path:
@@ -418,23 +425,30 @@ def test_real_model_user_errors_are_one_line_exit_2(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
-def test_real_model_settings_from_a_report_are_the_runs_settings(tmp_path):
+def test_real_model_settings_from_a_report_are_the_runs_settings(tmp_path, capsys):
     """--settings-from: a finished report's table (its sweep's choice) is what the runs
-    train with; --methods picks from it; a table of unknown methods is refused."""
+    train with, --methods picks from it; a table of unknown methods or of rows that are no
+    settings is refused, and so is writing over the report it reads."""
     sys.path.insert(0, str(BENCHMARKS))
     import real_model
 
-    chosen = {"grpo": {**real_model.METHODS["grpo"], "learning_rate": 1e-5}}
+    chosen = {m: {**real_model.METHODS[m], "learning_rate": 1e-5} for m in ("grpo", "es")}
     report = tmp_path / "real_model.json"
     report.write_text(json.dumps({"hyperparameters": chosen}))
-    args = real_model.parse_args(["--settings-from", str(report)])
-    table = real_model.settings_from(args.settings_from, args.sweep)
+    args = real_model.parse_args(["--settings-from", str(report), "--methods", "grpo"])
+    table = real_model.chosen_table(args)
     (spec,) = real_model.plan(table, [0], args, tmp_path, 1.0, tmp_path)
-    assert spec.method == "grpo" and spec.settings["learning_rate"] == 1e-5
-    report.write_text(json.dumps({"hyperparameters": {"adam": {}}}))
-    with pytest.raises(SystemExit) as stop:
-        real_model.settings_from(str(report), False)
-    assert stop.value.code == 2
+    assert spec.method == "grpo" and spec.settings == chosen["grpo"]
+    for bad in ({"adam": {}}, {}, {"grpo": None}, {"grpo": {"learning_rate": 1}}):
+        report.write_text(json.dumps({"hyperparameters": bad}))
+        with pytest.raises(SystemExit) as stop:
+            real_model.settings_from(str(report), False)
+        assert stop.value.code == 2 and "not a table of copes methods" in capsys.readouterr().err
+    report.write_text(json.dumps({"hyperparameters": chosen}))
+    with pytest.raises(SystemExit) as stop:  # without --name it would write over its source
+        real_model.main(["--settings-from", str(report), "--results-dir", str(tmp_path)])
+    assert stop.value.code == 2 and "pass --name" in capsys.readouterr().err
+    assert not (tmp_path / "real_model-runs").exists()
 
 
 def test_bf16_perturbation_measures_what_rounding_swallows(tmp_path, tiny_agent_dir):
@@ -524,6 +538,12 @@ def test_real_model_starts_grpo_runs_first_but_never_two_side_by_side():
     assert real_model.next_run([lora], [es]) is lora
     assert real_model.next_run([es, k4], [k4]) is es
     assert real_model.next_run([], [grpo]) is None
+    # lower seeds first, on one worker too: seed 0 of every method before a GRPO seed 1
+    es1 = RunSpec("es", 1, {"optimizer": "es"}, "es1", "m", "e", "cpu-seconds", 1.0)
+    grpo1 = RunSpec("grpo", 1, {"optimizer": "grpo"}, "grpo1", "m", "e", "cpu-seconds", 1.0)
+    assert real_model.next_run([grpo1, es, es1], []) is es
+    assert real_model.next_run([grpo1, es1], []) is grpo1
+    assert real_model.next_run([lora, es1], [grpo]) is es1  # a later seed fills a free slot
 
 
 def test_real_model_plans_seed_0_of_every_method_first_then_the_issues_three_seeds(tmp_path):
