@@ -451,6 +451,28 @@ def test_real_model_settings_from_a_report_are_the_runs_settings(tmp_path, capsy
     assert not (tmp_path / "real_model-runs").exists()
 
 
+def test_readme_real_model_command_trains_the_measured_grpo_run(tmp_path):
+    """The README's "Post-train a real model on your CPU" command asks for the very run whose
+    figures it shows: the committed seed-0 GRPO record's spec, its own folders aside (planned
+    here with the record's, since --name gives the user's run its own)."""
+    import shlex
+
+    sys.path.insert(0, str(BENCHMARKS))
+    import real_model
+    from _learning_runs import same_spec
+
+    readme = (ROOT / "README.md").read_text()
+    line = next(x for x in readme.splitlines() if x.startswith("python benchmarks/real_model.py"))
+    args = real_model.parse_args(shlex.split(line)[2:])
+    args.settings_from = str(ROOT / args.settings_from)
+    (spec,) = real_model.plan(real_model.chosen_table(args), args.seeds, args,
+                              Path("runs/benchmarks/real_model/data"), real_model.BUDGET,
+                              Path("runs/benchmarks/real_model"))  # fmt: skip
+    kept = BENCHMARKS / "results" / "real_model-runs" / "grpo-seed0.json"
+    record = json.loads(kept.read_text())
+    assert same_spec(record, spec) and args.name != "real_model"
+
+
 def test_bf16_perturbation_measures_what_rounding_swallows(tmp_path, tiny_agent_dir):
     """In float32 a member's noise arrives whole; in bfloat16 less of it moves a weight at a
     smaller sigma, and what arrives points the intended way."""
