@@ -4,6 +4,10 @@ The tiny agent is the one that ships with copes (checked against its digest).
 `COPES_TEST_REBUILD=1` runs the suite on a fresh build of its recipe instead, made at the
 start of the session into pytest's cache folder (`.pytest_cache/d/copes`); on another CPU
 that is another agent, so tests that pin numbers of the shipped agent may then fail.
+
+Under pytest-xdist (`-n 2`, the README's command) each worker is one process per core: torch
+and the programs tests start use one thread each, and tests that share a module's fixture run
+on one worker (`pytest_collection_modifyitems` below), so nothing expensive is built twice.
 """
 
 import os
@@ -13,11 +17,36 @@ from pathlib import Path
 # OpenMP threads sleep rather than spin while they wait (read when torch loads, so before
 # it): on a loaded machine spinning threads starve the others (.ci/run sets it too).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if XDIST_WORKER:  # a worker per core: one thread each, here and in what tests start
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("MKL_NUM_THREADS", "1")
 
-import pytest
-import torch
+import pytest  # noqa: E402 (after the thread settings, read when torch loads)
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))  # the helper module tests/families.py
+
+
+def worker_threads() -> int:
+    """torch threads for in-process models: 1 on an xdist worker, else up to 2."""
+    return 1 if XDIST_WORKER else max(1, min(2, os.cpu_count() or 1))
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (`--dist loadgroup`)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that use a module- or class-scoped fixture run on one xdist worker (group: their
+    module), so the fixture (a trained run, a loaded model, a Ray cluster) is built once.
+    A test with its own `xdist_group` mark keeps it."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        info = getattr(item, "_fixtureinfo", None)
+        scopes = {
+            d.scope for defs in (info.name2fixturedefs.values() if info else ()) for d in defs
+        }
+        if scopes & {"module", "class"}:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 
 
 @pytest.fixture(scope="session")
@@ -26,6 +55,8 @@ def tiny_agent_dir(request) -> Path:
 
     if os.environ.get("COPES_TEST_REBUILD") != "1":
         return ensure_tiny_agent()
+    if XDIST_WORKER:  # each worker would rebuild it, replacing the folder others read
+        pytest.exit("COPES_TEST_REBUILD=1 rebuilds the tiny agent: run it with -n 0", returncode=2)
     cache = Path(request.config.cache.mkdir("copes"))
     return ensure_tiny_agent(cache_dir=cache, rebuild=True, progress=False)
 
@@ -34,7 +65,7 @@ def tiny_agent_dir(request) -> Path:
 def tiny_policy(tiny_agent_dir):
     from copes.agents.hf import HFPolicy
 
-    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    torch.set_num_threads(worker_threads())
     return HFPolicy.from_pretrained(tiny_agent_dir, device="cpu")
 
 

@@ -28,6 +28,10 @@ from copes.optimizers.configs import CoPESConfig
 from copes.run_log import read_jsonl
 from copes.train import Trainer
 
+# A worker is killed in the middle of a step (timed by reading /proc): in the xdist group of
+# the wall-clock checks, so never beside the CPU hogs of test_grading_under_load.
+pytestmark = pytest.mark.xdist_group("timing")
+
 RUN = [
     "--optimizer", "copes", "--population-size", "4", "--num-subspaces", "2", "--sigma", "0.05",
     "--learning-rate", "0.01", "--invalid-penalty", "0.1", "--batch-size", "4",

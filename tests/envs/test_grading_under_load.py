@@ -39,6 +39,10 @@ HOGS_PER_CORE = 2  # load average about 4 on 2 cores, as in the report
 HOG_MAX_SECONDS = 120  # each hog ends by itself even if this process dies
 HOG = "import time\nend = time.monotonic() + {s}\nwhile time.monotonic() < end:\n    pass\n"
 
+# Wall-clock checks: one xdist worker runs every test of the "timing" group, one after another,
+# so none of them runs beside this module's CPU hogs (tests/conftest.py).
+pytestmark = pytest.mark.xdist_group("timing")
+
 
 @contextlib.contextmanager
 def cpu_hogs() -> Iterator[int]:

@@ -236,6 +236,7 @@ def test_uninterruptible_code_is_killed_and_the_interpreter_restarted(tool):
     assert_healthy(tool)
 
 
+@pytest.mark.xdist_group("timing")  # wall-clock windows: never beside the CPU hogs
 def test_waiting_does_not_count_against_the_cpu_time_limit():
     """A wall-clock limit would stop this call at 0.5 s; it uses almost no CPU."""
     t = PythonTool(timeout=0.5, wall_timeout=10.0)
@@ -247,6 +248,7 @@ def test_waiting_does_not_count_against_the_cpu_time_limit():
         t.close()
 
 
+@pytest.mark.xdist_group("timing")  # wall-clock windows: never beside the CPU hogs
 def test_sleeping_code_is_stopped_by_the_wall_clock_limit():
     t = PythonTool(timeout=1.0, wall_timeout=2.0)
     try:

@@ -18,6 +18,10 @@ pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 uvicorn = pytest.importorskip("uvicorn")
 
+# Real requests with half-second timeouts: in the xdist group of the wall-clock checks, so
+# never beside the CPU hogs of test_grading_under_load.
+pytestmark = pytest.mark.xdist_group("timing")
+
 from copes.envs.presets import tool_qa_env  # noqa: E402
 from copes.envs.retrieval import (  # noqa: E402
     CorpusRetriever,

@@ -74,10 +74,14 @@ def run_summary(run_dir: Path) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("optimizer", list(RUNS))
 def test_the_same_seeds_give_the_pinned_weights_and_metrics(optimizer, tmp_path, tiny_agent_dir):
-    torch.set_num_threads(2)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # as the pins were recorded
     run_dir = tmp_path / optimizer
     args = [*COMMON, *RUNS[optimizer], "--model", str(tiny_agent_dir), "--output-dir", str(run_dir)]
-    assert train_main(args) == 0
+    try:
+        assert train_main(args) == 0
+    finally:
+        torch.set_num_threads(threads)  # the rest of this process keeps its own
     got = run_summary(run_dir)
     if os.environ.get("COPES_RECORD_PINS") == "1":
         pins = json.loads(PINS.read_text()) if PINS.exists() else {}
@@ -106,11 +110,16 @@ def test_the_pins_hold_under_other_cpu_kernels(tmp_path):
         pytest.skip("recording pins")
     env = {**os.environ, **OTHER_KERNELS}
     env.pop("COPES_TEST_REBUILD", None)  # the pins are the shipped agent's
+    # The child is a plain one-process run: not an xdist worker, and without the options
+    # (CI's --junitxml) the outer run was given through the environment.
+    for name in ("PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT"):
+        env.pop(name, None)
     probe = [sys.executable, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability())"]
     capability = subprocess.run(probe, env=env, capture_output=True, text=True, check=True)
     assert capability.stdout.strip() == "AVX2"  # the switch took: the child runs other kernels
     command = [sys.executable, "-m", "pytest", __file__, "-q", "-k", "the_same_seeds",
-               "-p", "no:cacheprovider", "--basetemp", str(tmp_path / "runs")]  # fmt: skip
+               "-p", "no:cacheprovider", "-p", "no:xdist",
+               "--basetemp", str(tmp_path / "runs")]  # fmt: skip
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "4 passed" in done.stdout
