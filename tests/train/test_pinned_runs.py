@@ -17,8 +17,8 @@ when MKL loads: the same results on every CPU MKL supports), and the digest is t
 float32-rounded weights. The pins hold natively and under ATen's AVX2 kernels (the last test
 here checks that set on every run); ATen's scalar `default` set (a CPU without AVX2) draws
 other noise and does not match.
-``COPES_RECORD_PINS=1`` re-records them, which is only right when a change is *meant* to
-change the numbers (say why in the commit).
+``COPES_RECORD_PINS=1`` re-records them (with ``-n 0``: the four runs write one file), which
+is only right when a change is *meant* to change the numbers (say why in the commit).
 """
 
 import hashlib
