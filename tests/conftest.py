@@ -8,6 +8,8 @@ that is another agent, so tests that pin numbers of the shipped agent may then f
 Under pytest-xdist (`-n 2`, the README's command) each worker is one process per core: torch
 and the programs tests start use one thread each, and tests that share a module's fixture run
 on one worker (`pytest_collection_modifyitems` below), so nothing expensive is built twice.
+Tests that check wall-clock times share the group `timing` (one worker, one after another),
+so none of them runs beside the CPU hogs of tests/envs/test_grading_under_load.py.
 """
 
 import os
