@@ -1,11 +1,17 @@
 """Perturb + restore of one ES/CoPES member, and a step's update, on a real model: the weight
-engine as shipped beside the same engine drawing every chunk's subspace permutation anew (what
-it did before 2026-12-05), side by side in one run, with the results compared bit for bit.
+engine as shipped beside its two predecessors, side by side in one run, with the weights
+compared bit for bit:
 
-`WeightSpace.perturb` keeps the current subspace's positions for the next member of the same
-subspace (a step's members come subspace by subspace), and `update` draws each chunk's
-permutation once for all members. On a CPU drawing a permutation of 1M coordinates costs
-several times its noise, so with K > 1 most of a member's time went there.
+- shipped: on a CPU the step's whole partition is drawn once (int32, kept while 4 bytes x d
+  <= `KEEP_PARTITION_BYTES`) and serves every member and the update; fp32 weights add in
+  place (`index_add_`);
+- previous (2026-12-05 to 12-07): only the current subspace's positions kept, for the next
+  member of that subspace; the update draws each chunk's permutation once; gather-add-scatter;
+- redrawing (before 2026-12-05): every member and every update term draws every chunk's
+  permutation anew.
+
+On a CPU drawing a permutation of 1M coordinates costs several times its noise, so with K > 1
+most of a member's time went there.
 
     python benchmarks/weight_ops.py --model smollm2-135m      # 134.5M parameters, bfloat16
     python benchmarks/weight_ops.py --model tiny --dtype float32
@@ -30,19 +36,41 @@ DEFAULT_OUT = Path(__file__).parent / "results" / "weight_ops.json"
 TARGET_SECONDS = 1.0
 
 
+def _gather_add_scatter(flat: Any, index: Any, values: Any) -> None:
+    flat[index] = (flat[index].float() + values).to(flat.dtype)
+
+
+def previous_space(named: list, **kwargs: Any) -> Any:
+    """The engine of 2026-12-05: the current subspace's positions kept, gather-add-scatter."""
+    from copes.optimizers.perturb import WeightSpace
+
+    class Previous(WeightSpace):
+        _add_at = staticmethod(_gather_add_scatter)
+
+    return Previous(named, keep_partition_bytes=0, **kwargs)
+
+
 def redrawing_space(named: list, **kwargs: Any) -> Any:
     """A `WeightSpace` that draws every chunk's permutation anew for every member and every
-    update term (the engine before positions were kept): the baseline."""
+    update term (the engine before positions were kept)."""
     from copes.optimizers.perturb import WeightSpace
 
     class Redrawing(WeightSpace):
+        _add_at = staticmethod(_gather_add_scatter)
+
         def _positions(self, entry, chunk, start, end, subspace, order=None):  # type: ignore[override]
             return super()._positions(entry, chunk, start, end, subspace)
 
         def _member_positions(self, entry, chunk, start, end, subspace):  # type: ignore[override]
             return self._positions(entry, chunk, start, end, subspace)
 
-    return Redrawing(named, **kwargs)
+        def _update_positions(self, entry, chunk, start, end, subspace, orders):  # type: ignore[override]
+            return self._positions(entry, chunk, start, end, subspace)
+
+    return Redrawing(named, keep_partition_bytes=0, **kwargs)
+
+
+ENGINES = {"shipped": None, "previous": previous_space, "redrawing": redrawing_space}
 
 
 def time_members(space: Any, members: list) -> tuple[list[float], list[str]]:
@@ -74,6 +102,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--num-subspaces", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--sigma", type=float, default=1e-3)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: all cores)")
+    parser.add_argument(
+        "--engines", nargs="+", choices=list(ENGINES), default=list(ENGINES),
+        help="engines to time (the first is the reference of the ratios)",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     load_before = list(os.getloadavg())
@@ -99,7 +131,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         coefficients = [0.1 * (i + 1) * (-1) ** i for i in range(len(members))]  # all non-zero
         row: dict[str, Any] = {"num_subspaces": k, "members": len(members)}
         updated = {}
-        for name, make in (("shipped", WeightSpace), ("redrawing", redrawing_space)):
+        for name in args.engines:
+            make = ENGINES[name] or WeightSpace
             original = {n: t.clone() for n, t in named}
             space = make(named)
             seconds, digests = time_members(space, members)
@@ -117,20 +150,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for n, t in named:  # back to the loaded weights for the next engine
                 t.copy_(original[n])
             del space
-        row["members_identical"] = updated["shipped"][0] == updated["redrawing"][0]
-        row["update_identical"] = updated["shipped"][1] == updated["redrawing"][1]
-        shipped, redrawn = row["shipped"], row["redrawing"]
+        reference, *others = args.engines
+        ref = row[reference]
         per_member = "perturb_restore_seconds_per_member"
-        row["speedup_perturb_restore"] = redrawn[per_member] / shipped[per_member]
-        row["speedup_update"] = redrawn["update_seconds"] / shipped["update_seconds"]
+        row["members_identical"] = all(updated[o][0] == updated[reference][0] for o in others)
+        row["update_identical"] = all(updated[o][1] == updated[reference][1] for o in others)
+        parts = [f"K={k}: perturb+restore {ref[per_member]:.3f} s a member, update of "
+                 f"{len(members)} {ref['update_seconds']:.2f} s ({reference})"]  # fmt: skip
+        for other in others:
+            row[f"speedup_perturb_restore_vs_{other}"] = row[other][per_member] / ref[per_member]
+            row[f"speedup_update_vs_{other}"] = row[other]["update_seconds"] / ref["update_seconds"]
+            parts.append(f"{other}: {row[other][per_member]:.3f} s "
+                         f"({row[f'speedup_perturb_restore_vs_{other}']:.2f}x), update "
+                         f"{row[other]['update_seconds']:.2f} s "
+                         f"({row[f'speedup_update_vs_{other}']:.2f}x)")  # fmt: skip
+        parts.append(f"identical: members {row['members_identical']}, "
+                     f"update {row['update_identical']}")  # fmt: skip
         rows.append(row)
-        print(f"K={k}: perturb+restore {shipped['perturb_restore_seconds_per_member']:.3f} s a "
-              f"member (redrawing: {redrawn['perturb_restore_seconds_per_member']:.3f} s, "
-              f"{row['speedup_perturb_restore']:.2f}x); update of {len(members)} members "
-              f"{shipped['update_seconds']:.2f} s (redrawing: {redrawn['update_seconds']:.2f} s, "
-              f"{row['speedup_update']:.2f}x); identical: members {row['members_identical']}, "
-              f"update {row['update_identical']}", flush=True)  # fmt: skip
-    worst = max(r["shipped"]["perturb_restore_seconds_per_member"] for r in rows)
+        print("; ".join(parts), flush=True)
+    worst = max(r[args.engines[0]]["perturb_restore_seconds_per_member"] for r in rows)
     result = {
         "benchmark": "weight_ops",
         "command": "python benchmarks/weight_ops.py " + " ".join(argv or sys.argv[1:]),
@@ -138,6 +176,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "dtype": args.dtype,
         "parameters": parameters,
         "population_size": args.population_size,
+        "engines": args.engines,
         "rows": rows,
         "target_seconds_per_member": TARGET_SECONDS,
         "worst_seconds_per_member": worst,

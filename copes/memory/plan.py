@@ -296,8 +296,9 @@ def estimate_memory(
         # place and restored from the fp32 master, so the peak does not grow with N or K.
         # CoPES's subspace noise is regenerated chunk by chunk from seeds like ES's, so the two
         # differ only by the int64 permutation that deals a chunk's coordinates to subspaces.
-        # (Run on a CPU, CoPES also keeps the current subspace's positions between members,
-        # 4 bytes x d / K of host RAM: `WeightSpace._member_positions`; not on a GPU.)
+        # (Run on a CPU, CoPES also keeps the step's partition between members, 4 bytes x d
+        # of host RAM while that is <= 1 GiB, else the current subspace's, 4 bytes x d / K:
+        # `WeightSpace(keep_partition_bytes=...)`; nothing on a GPU.)
         tokens = min(seq_len * batch_size, prefill_chunk_tokens)
         width, layers = partial(_mlp_width, shape), range(shape.num_layers)
         # perturb/update temporaries per chunk coordinate: noise, fp32 upcast or accumulator,

@@ -2,8 +2,8 @@
 
 Pure torch over a list of named tensors, so the same code runs inside a transformers model,
 a vLLM worker or a Ray actor. Nothing of size d is ever stored besides one master copy (and,
-on a CPU, the current subspace's positions, d / K int32, kept for its next member: drawing
-them costs more there than the noise itself):
+on a CPU, the step's partition as int32, kept for its members and its update: drawing it
+costs more there than the noise itself; see `WeightSpace`):
 
 - **Noise is regenerated from seeds.** The noise of a tensor is produced chunk by chunk, each
   chunk from its own generator seeded by (member seed, tensor name, chunk index), so it is
@@ -40,6 +40,9 @@ import torch
 from copes.seeding import derive_seed
 
 DEFAULT_CHUNK_SIZE = 1 << 20  # coordinates per chunk: bounds the extra memory of every op
+# On a CPU the step's whole partition (4 bytes a coordinate) is kept while it fits in this
+# much; a larger space keeps only the current subspace's positions (4 bytes x d / K).
+KEEP_PARTITION_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -170,6 +173,13 @@ class WeightSpace:
         backup_device: where the fp32 master copy lives ("cpu" by default, as in the paper).
         shards: for tensors that are only part of their named tensor (tensor parallelism),
             which part; the others are whole.
+        keep_partition_bytes: on a CPU, the most memory the step's kept partition may take
+            (4 bytes a coordinate). Drawing a chunk's permutation costs several times its
+            noise there (randperm of 1M coordinates: about 10 ms), so the partition is drawn
+            once a step and serves every member and the update; a space too large for this
+            keeps only the current subspace's positions (d / K), which its next member reuses
+            (a step's members come subspace by subspace: `CoPES.ask`). 0 keeps only those.
+            Nothing is kept on an accelerator, where drawing is cheap and memory is not.
     """
 
     def __init__(
@@ -178,6 +188,7 @@ class WeightSpace:
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         backup_device: str | torch.device = "cpu",
         shards: Mapping[str, Shard] | None = None,
+        keep_partition_bytes: int = KEEP_PARTITION_BYTES,
     ) -> None:
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
@@ -214,7 +225,12 @@ class WeightSpace:
             rows += entry.full_shape[0] if entry.is_matrix else 0
         self.num_coordinates = offset
         self.num_matrix_rows = rows  # what the low-rank family partitions into subspaces
-        # The current subspace's positions, per (tensor, chunk), for its next member.
+        cpu_coordinates = sum(e.numel for e in self._entries if e.tensor.device.type == "cpu")
+        self._keep_partition = 0 < 4 * cpu_coordinates <= keep_partition_bytes
+        # The step's partition, per (tensor, chunk): each subspace's positions, contiguous.
+        self._kept_partition: tuple[int, int] | None = None  # (partition seed, K)
+        self._kept_orders: dict[tuple[str, int], list[torch.Tensor]] = {}
+        # Too large for that: the current subspace's positions, for its next member.
         self._kept_subspace: Subspace | None = None
         self._kept_positions: dict[tuple[str, int], torch.Tensor] = {}
 
@@ -270,15 +286,11 @@ class WeightSpace:
     def _member_positions(
         self, entry: _Entry, chunk: int, start: int, end: int, subspace: Subspace
     ) -> torch.Tensor | None:
-        """`_positions` for `perturb`, kept for the next member of the same subspace on CPU.
-
-        Drawing a chunk's permutation costs several times its noise on a CPU (randperm of
-        1M coordinates: about 10 ms), and a step's members come subspace by subspace
-        (`CoPES.ask`), so the positions of the current subspace are kept (int32: 4 bytes per
-        coordinate of the subspace, d / K in all) until a member of another subspace comes.
-        On an accelerator, drawing is cheap and memory is not: nothing is kept there."""
+        """`_positions`, from what is kept on a CPU (see `keep_partition_bytes`)."""
         if subspace.num_subspaces == 1 or entry.tensor.device.type != "cpu":
             return self._positions(entry, chunk, start, end, subspace)
+        if self._keep_partition:
+            return self._kept_subspace_positions(entry, chunk, start, end, subspace)
         if self._kept_subspace != subspace:
             self._kept_subspace, self._kept_positions = subspace, {}
         key = (entry.name, chunk)
@@ -286,9 +298,38 @@ class WeightSpace:
         if kept is None:
             positions = self._positions(entry, chunk, start, end, subspace)
             assert positions is not None
-            self._kept_positions[key] = positions.to(torch.int32)
-            return positions
-        return kept.long()
+            kept = self._kept_positions[key] = positions.to(torch.int32)
+        return kept
+
+    def _kept_subspace_positions(
+        self, entry: _Entry, chunk: int, start: int, end: int, subspace: Subspace
+    ) -> torch.Tensor:
+        """The chunk's positions of `subspace` from the kept partition (drawn on first use):
+        the chunk's permutation split by subspace, int32, each part contiguous."""
+        partition = (subspace.partition_seed, subspace.num_subspaces)
+        if self._kept_partition != partition:
+            self._kept_partition, self._kept_orders = partition, {}
+        key = (entry.name, chunk)
+        parts = self._kept_orders.get(key)
+        if parts is None:
+            order = self._order(entry, chunk, start, end, subspace.partition_seed)
+            k = subspace.num_subspaces
+            parts = [order[first::k].to(torch.int32) for first in range(k)]
+            self._kept_orders[key] = parts
+        return parts[(subspace.index - (entry.offset + start)) % subspace.num_subspaces]
+
+    @staticmethod
+    def _add_at(flat: torch.Tensor, index: torch.Tensor, values: torch.Tensor) -> None:
+        """flat[index] += values (fp32 values; distinct indices), rounded once to flat's dtype.
+
+        fp32 weights on a CPU add in place (`index_add_`: no gathered copy, bit for bit the
+        gather-add-scatter, as each index occurs once); other dtypes add in fp32 and round.
+        On an accelerator index_add_ is an atomic add (flagged nondeterministic), so there
+        the gather-add-scatter stays."""
+        if flat.dtype == torch.float32 and flat.device.type == "cpu":
+            flat.index_add_(0, index, values)
+        else:
+            flat[index] = (flat[index].float() + values).to(flat.dtype)
 
     def _noise(
         self, entry: _Entry, chunk: int, size: int, seed: int, device: torch.device
@@ -479,11 +520,13 @@ class WeightSpace:
                 elif pos is None:
                     eps = self._noise(entry, chunk, end - start, perturbation.seed, flat.device)
                     view = flat[start:end]
-                    view.copy_((view.float() + scale * eps).to(view.dtype))
+                    if view.dtype == torch.float32:  # in place: no staging copy
+                        view.add_(eps.mul_(scale))
+                    else:
+                        view.copy_((view.float() + scale * eps).to(view.dtype))
                 else:
                     eps = self._noise(entry, chunk, pos.numel(), perturbation.seed, flat.device)
-                    index = start + pos
-                    flat[index] = (flat[index].float() + scale * eps).to(flat.dtype)
+                    self._add_at(flat[start:end], pos, eps.mul_(scale))
 
     def _perturb_shard(
         self,
@@ -537,7 +580,7 @@ class WeightSpace:
         """
         if len(perturbations) != len(coefficients):
             raise ValueError("one coefficient per perturbation is required")
-        self._kept_subspace, self._kept_positions = None, {}  # the step's members are done
+        self._kept_subspace, self._kept_positions = None, {}
         low = [(p, c) for p, c in zip(perturbations, coefficients, strict=True) if p.rank]
         if low:
             members, values = zip(*low, strict=True)
@@ -549,6 +592,7 @@ class WeightSpace:
         if perturbations:
             for entry in self._entries:
                 self._update_full(entry, perturbations, coefficients, learning_rate)
+        self._kept_partition, self._kept_orders = None, {}  # the step is done
         self.restore()
 
     def _update_full(
@@ -572,21 +616,40 @@ class WeightSpace:
                 weight = float(c) * p.sign
                 if weight == 0.0:
                     continue
-                order = None
-                if p.subspace.num_subspaces > 1:
-                    seed = p.subspace.partition_seed
-                    if seed not in orders:
-                        orders[seed] = self._order(entry, chunk, start, end, seed)
-                    order = orders[seed]
-                pos = self._positions(entry, chunk, start, end, p.subspace, order)
+                pos = self._update_positions(entry, chunk, start, end, p.subspace, orders)
                 if pos is None:
                     acc += weight * self._noise(entry, chunk, end - start, p.seed, device)
                 else:
-                    acc[pos] += weight * self._noise(entry, chunk, pos.numel(), p.seed, device)
+                    noise = self._noise(entry, chunk, pos.numel(), p.seed, device)
+                    self._add_at(acc, pos, noise.mul_(weight))
+            acc.mul_(learning_rate)
+            if isinstance(loc, slice) and master.device == device:
+                master[loc].add_(acc)  # in place: no gathered copy
+                continue
             if isinstance(loc, torch.Tensor):
                 loc = loc.to(master.device)
-            new = master[loc].to(device) + learning_rate * acc[sel]
+            new = master[loc].to(device) + acc[sel]
             master[loc] = new.to(master.device)
+
+    def _update_positions(
+        self,
+        entry: _Entry,
+        chunk: int,
+        start: int,
+        end: int,
+        subspace: Subspace,
+        orders: dict[int, torch.Tensor],
+    ) -> torch.Tensor | None:
+        """A member's positions for the update: from the kept partition when it is this
+        member's, else from `orders` (each partition drawn once per chunk, for all members)."""
+        if subspace.num_subspaces == 1:
+            return None
+        if self._kept_partition == (subspace.partition_seed, subspace.num_subspaces):
+            return self._kept_subspace_positions(entry, chunk, start, end, subspace)
+        seed = subspace.partition_seed
+        if seed not in orders:
+            orders[seed] = self._order(entry, chunk, start, end, seed)
+        return self._positions(entry, chunk, start, end, subspace, orders[seed])
 
     # ------------------------------------------------------------------ inspection
     def checksum(self) -> str:
@@ -617,6 +680,12 @@ class WeightSpace:
     def memory_bytes(self) -> int:
         """Bytes held by the master copy (of the coordinates held here)."""
         return 4 * sum(e.master.numel() for e in self._entries)
+
+    def kept_bytes(self) -> int:
+        """Bytes of partition positions kept for the step's members (0 after an update)."""
+        parts = [t for ts in self._kept_orders.values() for t in ts]
+        parts += self._kept_positions.values()
+        return sum(t.numel() * t.element_size() for t in parts)
 
 
 def sigma_for_subspaces(sigma: float, num_subspaces: int, scale: bool = True) -> float:

@@ -237,7 +237,7 @@ def test_serve_overhead_small_end_to_end(tmp_path, tiny_agent_dir):
 
 
 def test_weight_ops_small_end_to_end(tmp_path, tiny_agent_dir):
-    """The shipped weight engine beside the redrawing one on the tiny agent: the same members
+    """The shipped weight engine beside its two predecessors on the tiny agent: the same members
     and the same update, bit for bit, and every figure the JSON promises."""
     out_file = tmp_path / "weight_ops.json"
     run_script(BENCHMARKS / "weight_ops.py", "--model", tiny_agent_dir, "--dtype", "float32",
@@ -247,7 +247,8 @@ def test_weight_ops_small_end_to_end(tmp_path, tiny_agent_dir):
     assert [r["num_subspaces"] for r in out["rows"]] == [1, 2] and out["parameters"] > 0
     for row in out["rows"]:
         assert row["members_identical"] and row["update_identical"]
-        for engine in ("shipped", "redrawing"):
+        assert row["speedup_update_vs_previous"] > 0
+        for engine in ("shipped", "previous", "redrawing"):
             assert len(row[engine]["perturb_restore_seconds_each"]) == 4
             assert row[engine]["update_seconds"] > 0
     assert out["worst_seconds_per_member"] > 0 and "target_met" in out

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from copes.optimizers.perturb import (
+    KEEP_PARTITION_BYTES,
     Perturbation,
     Shard,
     Subspace,
@@ -112,21 +113,49 @@ def test_update_is_weighted_sum_of_regenerated_noise():
     assert torch.allclose(flat(tensors) - before, 0.01 * expected, atol=1e-6)
 
 
+@pytest.mark.parametrize("keep_partition_bytes", [KEEP_PARTITION_BYTES, 0])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_steps_members_in_one_space_equal_each_member_in_a_fresh_one(dtype):
-    """`perturb` keeps the current subspace's positions for the next member and `update`
-    draws each chunk's permutation once for all members: both bit for bit what drawing
-    everything anew gives, whatever order the subspaces come in."""
-    members = [Perturbation(m, 200 + m // 2, Subspace(7, 3, k), 1 - 2 * (m % 2), sigma=0.1)
-               for m, k in enumerate([0, 0, 1, 1, 2, 2, 0, 1])]  # fmt: skip
+def test_a_steps_members_in_one_space_equal_each_member_in_a_fresh_one(dtype, keep_partition_bytes):
+    """`perturb` keeps the step's partition (or, too large for that, the current subspace's
+    positions) for the next members: bit for bit what drawing everything anew gives, whatever
+    order the subspaces come in, and a later step's partition replaces it."""
+    members = [Perturbation(m, 200 + m // 2, Subspace(7 + m // 8, 3, k), 1 - 2 * (m % 2), 0.1)
+               for m, k in enumerate([0, 0, 1, 1, 2, 2, 0, 1, 2, 0])]  # fmt: skip
     tensors = make_tensors(dtype)
-    space = WeightSpace(tensors, chunk_size=64)
+    space = WeightSpace(tensors, chunk_size=64, keep_partition_bytes=keep_partition_bytes)
     for member in members:
         space.perturb(member)
         fresh = make_tensors(dtype)
-        WeightSpace(fresh, chunk_size=64).perturb(member)
+        WeightSpace(fresh, chunk_size=64, keep_partition_bytes=0).perturb(member)
         assert torch.equal(flat(tensors), flat(fresh)), member
         space.restore()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_step_with_its_partition_kept_equals_one_keeping_a_subspace_at_a_time(dtype):
+    """Members then the update, twice: the space keeping the whole partition (d int32) and one
+    keeping only the current subspace's positions (d / K) hold bit-identical weights, and
+    neither keeps anything once its step is updated."""
+    d = sum(t.numel() for _, t in make_tensors())
+    spaces, weights = [], []
+    for keep in (KEEP_PARTITION_BYTES, 4 * d - 1):  # 4 * d - 1: the partition does not fit
+        tensors = make_tensors(dtype)
+        space = WeightSpace(tensors, chunk_size=64, keep_partition_bytes=keep)
+        for step in range(2):
+            members = [Perturbation(m, 10 * step + m, Subspace(step, 4, m // 2), 1 - 2 * (m % 2),
+                                    sigma=0.1) for m in range(8)]  # fmt: skip
+            for member in members:
+                space.perturb(member)
+                space.restore()
+            kept = space.kept_bytes()
+            space.update(members, [0.3, -1.0, 2.0, 0.5, -0.2, 1.1, 0.7, -0.4], learning_rate=0.01)
+            assert space.kept_bytes() == 0
+        spaces.append((kept, space.checksum()))
+        weights.append(flat(tensors))
+    (whole, whole_sum), (last, last_sum) = spaces
+    assert whole == 4 * d  # the whole partition; the other: its last subspace's positions
+    assert last == 4 * WeightSpace(make_tensors(), chunk_size=64).subspace_sizes(1, 4)[3]
+    assert whole_sum == last_sum and torch.equal(weights[0], weights[1])
 
 
 def test_an_update_draws_each_partition_once_and_sums_every_members_noise_exactly():
