@@ -271,7 +271,7 @@ class WeightSpace:
             return None
         if order is None:
             order = self._order(entry, chunk, start, end, subspace.partition_seed)
-        first = (subspace.index - (entry.offset + start)) % k  # the deal continues across chunks
+        first = self._first_dealt(entry, start, subspace)
         return order[first::k]
 
     def _order(
@@ -316,7 +316,13 @@ class WeightSpace:
             k = subspace.num_subspaces
             parts = [order[first::k].to(torch.int32) for first in range(k)]
             self._kept_orders[key] = parts
-        return parts[(subspace.index - (entry.offset + start)) % subspace.num_subspaces]
+        return parts[self._first_dealt(entry, start, subspace)]
+
+    @staticmethod
+    def _first_dealt(entry: _Entry, start: int, subspace: Subspace) -> int:
+        """The first position of the chunk's permutation dealt to `subspace` (then every
+        K-th): the deal continues across chunks and tensors."""
+        return (subspace.index - (entry.offset + start)) % subspace.num_subspaces
 
     @staticmethod
     def _add_at(flat: torch.Tensor, index: torch.Tensor, values: torch.Tensor) -> None:
