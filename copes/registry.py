@@ -355,10 +355,9 @@ def _reasoning_gym_benchmark(name: str) -> Benchmark:
     def load(split: str, limit: int | None, seed: int = 0) -> list[Task]:
         return rg.reasoning_gym_tasks(name, split, limit, seed)
 
-    grader = None if name in rg.MATH_GRADED else rg.ReasoningGymScorer(name)
     return Benchmark(
-        f"rg:{name}", load, kind="math", split="test", grader=grader, generated=True,
-        source=None,
+        f"rg:{name}", load, kind="math", split="test", grader=rg.ReasoningGymScorer(name),
+        generated=True, source=None,
     )  # fmt: skip
 
 

@@ -69,6 +69,30 @@ def _resolve_tasks(
     return tasks
 
 
+def _benchmark_grader(tasks: Sequence[Task]) -> Grader | None:
+    """The scorer the tasks' benchmark brings (reasoning-gym's `score_answer` for
+    ``rg:<dataset>``, a plugged-in benchmark's own), found by their `source`, so that
+    ``gym.make("copes:ToolMath-v0", benchmark="rg:products")`` grades by the official rule as
+    copes-train and copes-eval do; None where they bring none. Tasks of benchmarks with
+    different scorers in one env are an error."""
+    from copes.registry import REASONING_GYM_PREFIX, benchmark_names, get_benchmark
+
+    known = set(benchmark_names())
+    sources = {
+        t.source for t in tasks if t.source in known or t.source.startswith(REASONING_GYM_PREFIX)
+    }
+    scorers = {source: get_benchmark(source).grader for source in sorted(sources)}
+    own = {source: scorer for source, scorer in scorers.items() if scorer is not None}
+    if not own:
+        return None
+    if len(scorers) > 1:
+        raise ValueError(
+            f"ToolMath: tasks of {', '.join(scorers)} in one env, and {', '.join(own)} grade "
+            "with their own scorer: make one env per benchmark, or pass grader="
+        )
+    return as_grader(next(iter(own.values())), MathGrader())
+
+
 def _qa_rule_of(tasks: Sequence[Task]) -> str:
     """The one official QA rule of the tasks' benchmarks; tasks of benchmarks with different
     rules in one env are an error (their scores would not be comparable)."""
@@ -128,7 +152,7 @@ def tool_math_env(
     return ToolEnv(
         tasks,
         [*tools, *extra_tools],
-        as_grader(grader, MathGrader(timeout=grader_timeout)),
+        as_grader(grader, _benchmark_grader(tasks) or MathGrader(timeout=grader_timeout)),
         max_turns=max_turns,
         call_format=call_format,
         **env_kwargs,

@@ -1,21 +1,32 @@
 """Near misses for every rule of the math grader (issue 25): each wrong answer next to a right
-one it resembles, graded the way ToolMath-v0 grades a final answer."""
+one it resembles, graded the way ToolMath-v0 grades a final answer.
+
+`REFUSED` marks an answer of the gold's value that earns nothing for its form (issue 48): a
+plain-number gold takes only a plain number (`\\frac{6}{4}` is not 1.5, `e^{i\\pi}` is not -1),
+a form no more arithmetic than it has. Its value is still checked (`is_equivalent`), so the
+value rules of issue 25 stay tested on it."""
 
 from __future__ import annotations
 
 import pytest
 
 from copes.envs.rewards.graders import MathGrader
+from copes.envs.rewards.math import is_equivalent
 from copes.envs.tasks.base import Task
 
 GRADER = MathGrader()
+REFUSED = "refused"
+
+
+def grade(pred: str, gold: str):
+    return GRADER(pred, Task(id="near-miss", question="q", answers=(gold,), kind="math"))
 
 
 def graded_correct(pred: str, gold: str) -> bool:
-    return GRADER(pred, Task(id="near-miss", question="q", answers=(gold,), kind="math")).correct
+    return grade(pred, gold).correct
 
 
-# (category, pred, gold, correct)
+# (category, pred, gold, correct: True, False or REFUSED)
 NEAR_MISSES = [
     # a `%` means /100 on the side that carries it, and only there
     ("percent", "5000", r"50\%", False),
@@ -25,7 +36,7 @@ NEAR_MISSES = [
     ("percent", "0.5", r"50\%", True),
     ("percent", r"50\%", "0.5", True),
     ("percent", r"0.5\%", r"50\%", False),  # both carry it: the numbers compare as written
-    ("percent", r"\frac{1}{8}", r"12.5\%", True),
+    ("percent", r"\frac{1}{8}", r"12.5\%", REFUSED),
     ("percent", "28 percent", r"28\%", True),
     ("percent", "0.0028", r"28\%", False),
     # a comma groups thousands only between digits, without a space
@@ -68,14 +79,14 @@ NEAR_MISSES = [
     ("constants", r"\frac{1}{2^{98}}", r"\frac{1}{2^{99}}", False),
     ("constants", r"\frac{1}{2^{99}}", r"\frac{1}{2^{99}}", True),
     ("constants", "1/99!", "1/100!", False),
-    ("constants", r"\frac{2}{2 \cdot 100!}", r"\frac{1}{100!}", True),
+    ("constants", r"\frac{2}{2 \cdot 100!}", r"\frac{1}{100!}", REFUSED),
     ("constants", "0.0000002", "0.0000001", False),
     ("constants", "10^{-21}", "10^{-20}", False),
     ("constants", "1000000000000000000000000000001", "10^{30}", False),
     ("constants", "2^{100}+1", "2^{100}", False),
-    ("constants", r"e^{i\pi}", "-1", True),
+    ("constants", r"e^{i\pi}", "-1", REFUSED),
     ("constants", r"e^{i\pi}", "1", False),
-    ("constants", "i^2", "-1", True),
+    ("constants", "i^2", "-1", REFUSED),
     # no tolerance on integers and exact rationals
     ("exact", "1234567.9", "1234567.1", False),
     ("exact", "1000001", "1000000", False),
@@ -102,10 +113,10 @@ NEAR_MISSES = [
     ("long decimals", "0.08333333333333330", "0.0833333333333333", True),
     ("long decimals", r"0.08\overline{3}", r"\frac{1}{12}", True),
     # a gold marked approximate takes its own stated precision, half a unit of its last digit
-    ("approximation", r"\frac{8}{3}", r"\approx 2.67", True),
+    ("approximation", r"\frac{8}{3}", r"\approx 2.67", REFUSED),
     ("approximation", "2.6667", r"\approx 2.67", True),
     ("approximation", "2.68", r"\approx 2.67", False),
-    ("approximation", r"\sqrt{2}", r"\approx 1.41", True),
+    ("approximation", r"\sqrt{2}", r"\approx 1.41", REFUSED),
     ("approximation", r"\sqrt{3}", r"\approx 1.41", False),
     ("approximation", "1204", r"\approx 1200", False),
     ("approximation", r"\text{at least } 2.67", r"\approx 2.67", False),
@@ -139,7 +150,7 @@ NEAR_MISSES = [
     ("percent", r"5\%x", "5x", False),
     ("percent", r"\sqrt{2}\%", r"\sqrt{2}\%", True),
     ("percent", r"50\%", r"\frac{1}{2}", True),
-    ("percent", r"\frac{1}{2}\%", "0.5", True),
+    ("percent", r"\frac{1}{2}\%", "0.5", REFUSED),
     ("percent", r"25\text{ percent}", "0.25", True),
     ("percent", "25 pct", "25", True),
     ("percent", r"2.5\%", "0.025", True),
@@ -202,7 +213,7 @@ NEAR_MISSES = [
     ("constants", "10^{-100}", "0", False),
     ("constants", "10^{100}+1", "10^{100}", False),
     ("constants", "2^{-60}", "2^{-61}", False),
-    ("constants", r"\frac{1}{10^{20}}", "10^{-20}", True),
+    ("constants", r"\frac{1}{10^{20}}", "10^{-20}", REFUSED),
     ("constants", "1e-20", "0", False),
     ("constants", "1e-20", "10^{-20}", True),
     ("constants", "10^{20}", "100000000000000000000", True),
@@ -215,13 +226,13 @@ NEAR_MISSES = [
     ("exact", "100.0", "100", True),
     ("exact", "1.50", r"\frac{3}{2}", True),
     ("exact", "7", "7.000001", False),
-    ("exact", r"\frac{6}{4}", "1.5", True),
+    ("exact", r"\frac{6}{4}", "1.5", REFUSED),
     ("exact", r"\frac{22}{7}", r"\pi", False),
     ("exact", "1e2", "100", True),
     ("approximation", "3.14", r"\approx 3.14", True),
-    ("approximation", r"\pi", r"\approx 3.14", True),
+    ("approximation", r"\pi", r"\approx 3.14", REFUSED),
     ("approximation", "3.15", r"\approx 3.14", False),
-    ("approximation", r"\frac{1}{12}", r"\approx 0.0833", True),
+    ("approximation", r"\frac{1}{12}", r"\approx 0.0833", REFUSED),
     ("approximation", "0.08", r"\approx 0.0833", False),
     ("approximation", r"\le 3.14", r"\approx 3.14", False),
     ("approximation", r"\approx 3.14", r"\approx 3.14", True),
@@ -236,8 +247,8 @@ NEAR_MISSES = [
     ("equations", "x = 3", "3", True),
     ("equations", "(p,q)=(3,2)", "(3,2)", True),
     ("equations", "(p,q)=(3,2)", "(2,3)", False),
-    ("equations", r"\sum_{i=1}^{3} i", "6", True),
-    ("equations", r"\prod_{k=1}^{3} k", "6", True),
+    ("equations", r"\sum_{i=1}^{3} i", "6", REFUSED),
+    ("equations", r"\prod_{k=1}^{3} k", "6", REFUSED),
     ("equations", r"\sum_{i=1}^{3} i", "7", False),
     ("equations", r"x \in [1, 2]", "[1,2]", True),
     ("equations", r"x \in [1, 2]", "[1,3]", False),
@@ -285,15 +296,22 @@ NEAR_MISSES = [
     ("pred", "gold", "correct"),
     [pytest.param(p, g, c, id=f"{cat}: {p!r} vs gold {g!r}") for cat, p, g, c in NEAR_MISSES],
 )
-def test_near_miss(pred: str, gold: str, correct: bool) -> None:
-    assert graded_correct(pred, gold) is correct
+def test_near_miss(pred: str, gold: str, correct: bool | str) -> None:
+    verdict = grade(pred, gold)
+    if correct == REFUSED:
+        assert is_equivalent(pred, gold), "a refused answer must have the gold's value"
+        assert not verdict.correct and verdict.reward == 0.0
+        assert verdict.details["refused"] is not None
+    else:
+        assert verdict.correct is correct
+        assert verdict.details["refused"] is None
 
 
 def test_every_category_has_a_wrong_and_a_right_answer() -> None:
-    verdicts: dict[str, set[bool]] = {}
+    verdicts: dict[str, set[bool | str]] = {}
     for category, _, _, correct in NEAR_MISSES:
         verdicts.setdefault(category, set()).add(correct)
-    assert {c for c, seen in verdicts.items() if seen != {True, False}} == set()
+    assert {c for c, seen in verdicts.items() if not {True, False} <= seen} == set()
 
 
 def test_an_answer_identical_to_a_gold_over_the_size_cap_is_correct() -> None:

@@ -67,12 +67,21 @@ def test_lowest_terms_check_fails_an_equal_but_unreduced_fraction():
         env.reset(options={"task": task})
         _, reward, *_, info = env.step(f"<answer>{answer}</answer>")
         assert (info["correct"], reward) == (correct, float(correct)), answer
+        if not correct:  # against a reduced gold, an unreduced fraction is arithmetic undone
+            assert info["grade"]["undone_arithmetic"]
+    # The check asks for the form whatever the gold's: a gold written unreduced takes itself
+    # without the check, and only the reduced fraction with it.
+    unreduced = Task("g", "?", ("92/524",), "math")
+    checked = Task("h", "?", ("92/524",), "math", checks=("lowest-terms",))
+    env = tool_math_env(tasks=[unreduced, checked])
+    for task, correct in ((unreduced, True), (checked, False)):
+        env.reset(options={"task": task})
+        info = env.step("<answer>92/524</answer>")[-1]
+        assert info["correct"] is correct
         if not correct:
             assert info["grade"]["failed_checks"] == ["lowest-terms"]
-    # without the check the same answer is right: the value is equal
-    plain = tool_math_env(tasks=[Task("g", "?", ("23/131",), "math")])
-    plain.reset()
-    assert plain.step("<answer>92/524</answer>")[-1]["correct"]
+    env.reset(options={"task": checked})
+    assert env.step("<answer>23/131</answer>")[-1]["correct"]
 
 
 def test_checks_are_named_and_registrable():

@@ -8,8 +8,10 @@ import hashlib
 import json
 import re
 import time
+from fractions import Fraction
 from pathlib import Path
 
+import gymnasium as gym
 import pytest
 
 from copes.envs.rewards.graders import MathGrader, QAGrader
@@ -75,9 +77,59 @@ def test_every_math_gold_grades_right_as_written_and_wrong_plus_one(name) -> Non
     grader = MathGrader()
     for task in load(name, None):
         gold = task.answers[0]
-        for written in (f"<answer>{gold}</answer>", f"so the answer is $\\boxed{{{gold}}}$."):
-            assert grader(extract_answer(written), task).correct, (task.id, written)
+        written = [f"<answer>{gold}</answer>", f"so the answer is $\\boxed{{{gold}}}$."]
+        if re.fullmatch(r"\d{4,}", gold):  # thousands separators, as models write them
+            written.append(f"<answer>{int(gold):,}</answer>")
+        for text in written:
+            assert grader(extract_answer(text), task).correct, (task.id, text)
         assert not grader(f"{gold}+1", task).correct, task.id
+
+
+def _answered(env, index: int, answer: str) -> dict:
+    """ToolMath's verdict, through the public env, on `answer` to its task `index`."""
+    env.reset(options={"task_index": index})
+    _, reward, terminated, _, info = env.step(f"<answer>{answer}</answer>")
+    assert terminated and reward == float(info["correct"])
+    return info
+
+
+# The last calculator step of a GSM8K solution (`<<9*2=18>>`) whose result is the gold.
+_CALCULATOR_STEP = re.compile(r"<<([^=<>]+)=([^<>]+)>>")
+
+
+def test_gsm8k_the_solutions_last_calculator_step_unevaluated_earns_nothing() -> None:
+    """Issue 48: `9*2` for 18 was credited on 363 of the first 400 GSM8K test problems (every
+    one whose last calculator step computes the gold's value with an operator); no answer of
+    them earns it now, each is counted as undone arithmetic, and the step's result itself is
+    still credited."""
+    env = gym.make("copes:ToolMath-v0", benchmark="gsm8k", data_dir=SHARED, limit=400)
+    tried = 0
+    for index, task in enumerate(env.unwrapped.tasks):
+        steps = _CALCULATOR_STEP.findall(task.metadata["solution"])
+        if not steps or Fraction(steps[-1][1].strip()) != Fraction(task.answers[0]):
+            continue
+        expression = steps[-1][0].strip()
+        if not re.search(r"[-+*/^]", expression.lstrip("-")):  # `<<125=125>>`: nothing to do
+            continue
+        tried += 1
+        info = _answered(env, index, expression)
+        assert not info["correct"] and info["grade"]["undone_arithmetic"], (task.id, expression)
+        assert _answered(env, index, steps[-1][1].strip())["correct"], task.id
+    env.close()
+    assert tried == 363
+
+
+@pytest.mark.parametrize("name", ["aime24", "aime25", "math500"])
+def test_an_integer_gold_written_as_a_sum_earns_nothing(name) -> None:
+    """Issue 48: `{g-1}+1` for an integer gold g was credited on all 30 AIME 2024, 30 AIME
+    2025 and 293 MATH-500 problems with a plain-integer gold."""
+    env = gym.make("copes:ToolMath-v0", benchmark=name, data_dir=SHARED)
+    integers = [(i, t) for i, t in enumerate(env.unwrapped.tasks) if t.answers[0].isdigit()]
+    for index, task in integers:
+        info = _answered(env, index, f"{int(task.answers[0]) - 1}+1")
+        assert not info["correct"] and info["grade"]["undone_arithmetic"], task.id
+    env.close()
+    assert len(integers) == {"aime24": 30, "aime25": 30, "math500": 293}[name]
 
 
 @pytest.mark.parametrize(("name", "split"), [("hotpotqa", None), *[(n, "dev500") for n in

@@ -56,19 +56,33 @@ def as_grader(candidate: Any, default: Grader) -> Grader:
 
 
 class MathGrader:
-    """Reward 1 when the answer is mathematically equal to a gold answer, else 0."""
+    """Reward 1 when the answer equals a gold answer in value and leaves no arithmetic
+    undone (`copes.envs.rewards.math.grade_answer`), else 0. The details say when an answer
+    of the right value was refused for its undone arithmetic (`undone_arithmetic`)."""
 
     def __init__(self, timeout: float = 5.0) -> None:
         self.timeout = timeout
 
     def __call__(self, answer: str, task: Task) -> Grade:
-        from copes.envs.rewards.math import is_equivalent
+        from copes.envs.rewards.math import UNDONE_ARITHMETIC, grade_answer
 
-        correct = any(is_equivalent(answer, gold, timeout=self.timeout) for gold in task.answers)
+        correct, refused = False, None
+        for gold in task.answers:
+            verdict = grade_answer(answer, gold, timeout=self.timeout)
+            correct, refused = verdict.correct, refused or verdict.refused
+            if correct:
+                break
+        refused = None if correct else refused
         return Grade(
             reward=float(correct),
             correct=correct,
-            details={"prediction": answer, "gold": list(task.answers), "correct": correct},
+            details={
+                "prediction": answer,
+                "gold": list(task.answers),
+                "correct": correct,
+                "refused": refused,
+                "undone_arithmetic": refused == UNDONE_ARITHMETIC,
+            },
         )
 
 

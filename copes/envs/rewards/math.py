@@ -4,6 +4,12 @@ Cheap checks (normalized strings, exact numbers, element-wise structure, plain w
 the caller. Only what they cannot decide goes to math-verify/sympy, in the persistent worker
 process of `copes.envs.rewards._math_worker`, which enforces a hard per-pair timeout.
 
+What earns the reward (issue 48) is a value, not a calculation: `grade_answer` credits an
+answer that `is_equivalent` to the gold and leaves no more arithmetic undone than the gold does
+(`_math_undone`): against a plain-number gold only a plain number (`79 * 86`, `9*2`, `\\frac{12}{2}`
+never earn 6794, 18, 6), against a form (a fraction, a radical, an expression) no operation
+between numbers the gold has not done (`\\frac{6}{8}` is not `\\frac{3}{4}`).
+
 Exactness (issue 25): exact values compare exactly, and a decimal is the rational it writes,
 however many digits it has (`0.5` = `\\frac12`, `2.50` = `2.5`, `1234567.1` != `1234567.9`,
 `2.6667` != `\\frac83`, `0.0833333333333333` != `\\frac{1}{12}`, `4.123105625617661` !=
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import re
+from dataclasses import dataclass
 from fractions import Fraction
 
 from copes.envs.parsing import last_boxed
@@ -33,6 +40,7 @@ from copes.envs.rewards._math_normalize import (
 )
 from copes.envs.rewards._math_numbers import INTEGER, atom, canonical_int, to_number
 from copes.envs.rewards._math_size import size_verdict
+from copes.envs.rewards._math_undone import is_plain_number, undone_operations
 from copes.envs.rewards._math_worker import GRADER as _GRADER  # noqa: F401 (tests use it)
 from copes.envs.rewards._math_worker import SymbolicGrader as _SymbolicGrader  # noqa: F401
 from copes.envs.rewards._math_worker import symbolic_verdict as _symbolic_verdict
@@ -424,3 +432,87 @@ def is_equivalent(pred: str, gold: str, timeout: float = 5.0) -> bool:
     except Exception:  # a normalization bug must not crash a rollout
         logger.exception("math grader: normalization failed on pred=%.200r gold=%.200r", pred, gold)
         return False
+
+
+# ---------------------------------------------------------------------------------------------
+# What earns the reward: a value, with no arithmetic left undone (issue 48)
+
+
+UNDONE_ARITHMETIC = "undone arithmetic"
+NOT_A_NUMBER = "not a plain number"
+# An operation on numbers still written out: what tells `79 * 86` from prose around a number.
+_OPERATION = re.compile(
+    r"[\d)}\]]\s*[-+*/^!:]|[-+*/^]\s*[\d({\[]|\^|\\(?:times|cdot|div|frac|sqrt|sum|prod"
+    r"|binom|choose|log|ln|lg|exp|sin|cos|tan|cot|sec|csc|int)(?![A-Za-z])"
+)
+
+
+@dataclass(frozen=True)
+class MathVerdict:
+    """The verdict on one answer against one gold.
+
+    correct: what earns the reward: equivalent, and no more arithmetic left undone than the
+        gold has. refused: why an answer of the gold's value was refused for its form:
+        `UNDONE_ARITHMETIC` (`79 * 86` for 6794: what a policy drifting toward the
+        grader-as-calculator hack produces, counted in every report) or `NOT_A_NUMBER` (prose
+        around a plain-number gold's value, `\\pi` for `\\approx 3.14`); None otherwise.
+    """
+
+    correct: bool
+    refused: str | None = None
+
+    @property
+    def undone_arithmetic(self) -> bool:
+        return self.refused == UNDONE_ARITHMETIC
+
+
+def _written_forms(answer: str, other: str) -> tuple[str, str]:
+    """(compact, spaced) finished spelling of `answer` as the grader compares it with `other`:
+    hedges and a leading relation dropped, an assignment read as its value where `other`
+    would read it so."""
+    answer, other = _APPROX.sub(" ", answer), _APPROX.sub(" ", other)
+    a_prep, o_prep = prepare(answer), prepare(other)
+    lead = leading_relation(a_prep)
+    if lead:
+        a_prep = a_prep[len(lead) :].strip()
+    o_lead = leading_relation(o_prep)
+    if o_lead:
+        o_prep = o_prep[len(o_lead) :].strip()
+    a_drop, _ = _drop_assignments(a_prep, o_prep)
+    return finish(a_drop, keep_spaces=False), finish(a_drop, keep_spaces=True)
+
+
+def form_refusal(pred: str, gold: str) -> str | None:
+    """Why `pred`'s form cannot earn `gold` (None: it can). Against a plain-number gold only a
+    plain number (`_math_undone.is_plain_number`) earns it; against any other gold, no more
+    operations between rational constants than the gold has
+    (`_math_undone.undone_operations`). Checked on answers of the gold's value."""
+    if pred.strip() == gold.strip():
+        return None
+    g_compact, g_spaced = _written_forms(gold, pred)
+    p_compact, p_spaced = _written_forms(pred, gold)
+    if is_plain_number(g_compact):
+        if is_plain_number(p_compact):
+            return None
+        return UNDONE_ARITHMETIC if _OPERATION.search(p_compact.lstrip("+-")) else NOT_A_NUMBER
+    p_ops, g_ops = undone_operations(p_spaced), undone_operations(g_spaced)
+    return UNDONE_ARITHMETIC if p_ops is not None and p_ops > (g_ops or 0) else None
+
+
+def grade_answer(pred: str, gold: str, timeout: float = 5.0) -> MathVerdict:
+    """What copes credits: `pred` equivalent to `gold` (`is_equivalent`) with no arithmetic
+    left undone beyond the gold's (`form_refusal`). Malformed input is wrong, never an
+    error."""
+    if not is_equivalent(pred, gold, timeout=timeout):
+        return MathVerdict(correct=False)
+    try:
+        refused = form_refusal(pred, gold)
+    except Exception:  # a parser bug must not crash a rollout; never credit what it missed
+        logger.exception("math grader: form check failed on pred=%.200r gold=%.200r", pred, gold)
+        return MathVerdict(correct=False, refused=UNDONE_ARITHMETIC)
+    return MathVerdict(correct=refused is None, refused=refused)
+
+
+def is_correct(pred: str, gold: str, timeout: float = 5.0) -> bool:
+    """`grade_answer(pred, gold).correct`: the reward's verdict (ToolMath-v0's grader)."""
+    return grade_answer(pred, gold, timeout=timeout).correct

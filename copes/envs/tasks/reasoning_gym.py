@@ -5,10 +5,12 @@ with their own scorers. Here each dataset becomes a copes benchmark:
 
 - splits as the synthetic tasks have them: one seeded stream of problems, each kept in the
   split its question hashes to (80/10/10), so train and evaluation never share a question;
-- graded by copes' math grader where that was checked against reasoning-gym's scorer on
-  gold answers (`MATH_GRADED`; tests/envs/test_reasoning_gym.py), with the answer checks the
-  task's wording asks for ("lowest terms"); every other dataset by reasoning-gym's own
-  `score_answer` (reward = its score, correct = score 1).
+- graded by the dataset's own `score_answer`, the official rule (as each QA benchmark is
+  scored by its own script): copes only extracts the answer (the `<answer>` tag, its box).
+  The reward is the score, partial credit included (`products` gives 0.467 for two numbers of
+  which one is right, 0.333 for "The answer is N"); `correct`, and so accuracy and pass@k,
+  is a full score of 1 only. Until issue 48 nine arithmetic datasets were graded by copes'
+  math grader instead, which evaluated `1663 * 5242` for the agent.
 """
 
 from __future__ import annotations
@@ -19,19 +21,6 @@ from copes.envs.tasks._synthetic_splits import SPLITS, split_of
 from copes.envs.tasks.base import Task
 
 DEFAULT_SIZE = 500
-# Datasets whose answers are numbers or fractions copes' grader verifies, with the answer
-# checks their questions ask for.
-MATH_GRADED: dict[str, tuple[str, ...]] = {
-    "basic_arithmetic": (),
-    "chain_sum": (),
-    "decimal_arithmetic": (),
-    "fraction_simplification": ("lowest-terms",),
-    "gcd": (),
-    "gsm_symbolic": (),
-    "lcm": (),
-    "leg_counting": (),
-    "products": (),
-}
 
 
 def _dataset(name: str, size: int, seed: int) -> Any:
@@ -64,7 +53,6 @@ def reasoning_gym_tasks(
     n = DEFAULT_SIZE if limit is None else limit
     draws = 100 * n + 1000
     dataset = _dataset(name, draws, seed)
-    checks = MATH_GRADED.get(name, ())
     tasks, seen = [], set()
     for index in range(draws):
         if len(tasks) == n:
@@ -82,14 +70,19 @@ def reasoning_gym_tasks(
                 kind="math",
                 source=f"rg:{name}",
                 metadata={"reasoning_gym": entry, "reasoning_gym_dataset": name},
-                checks=checks,
             )
         )
     return tasks
 
 
 class ReasoningGymScorer:
-    """reasoning-gym's own `score_answer` as a grader (tasks keep their entry in metadata)."""
+    """reasoning-gym's own `score_answer` as a grader (tasks keep their entry in metadata).
+
+    reward = the score (partial credit included), correct = a score of 1. Where the gold is a
+    plain number and the score is not 1, the details also say whether the answer had the
+    gold's value with its arithmetic left undone (`1663 * 5242`): the count every report keeps
+    (copes' math rule, `copes.envs.rewards.math.grade_answer`), which never raises a score.
+    """
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -105,4 +98,17 @@ class ReasoningGymScorer:
                 "with reasoning-gym's scorer, which needs the task as generated"
             )
         score = float(self._scorer.score_answer(answer, entry))
-        return Grade(score, score == 1.0, {"prediction": answer, "gold": list(task.answers)})
+        details: dict[str, Any] = {"prediction": answer, "gold": list(task.answers)}
+        details["score"] = score
+        details["undone_arithmetic"] = score < 1.0 and _undone_arithmetic(answer, task)
+        return Grade(score, score == 1.0, details)
+
+
+def _undone_arithmetic(answer: str, task: Task) -> bool:
+    """Whether `answer` has a plain-number gold's value with its arithmetic left undone."""
+    from copes.envs.rewards._math_normalize import finish, prepare
+    from copes.envs.rewards._math_undone import is_plain_number
+    from copes.envs.rewards.math import grade_answer
+
+    golds = [g for g in task.answers if is_plain_number(finish(prepare(g), keep_spaces=False))]
+    return any(grade_answer(answer, gold).undone_arithmetic for gold in golds)
