@@ -146,6 +146,8 @@ def curve_of(run_dir: Path) -> dict[str, list[float]]:
         "protocol_use": [r.get("protocol_use_rate") for r in val],
         "tool_use": [r.get("tool_use_rate") for r in val],
         "invalid": [r.get("invalid_rate") for r in val],
+        # answers of the gold's value refused for undone arithmetic (issue 48; None before)
+        "undone_arithmetic": [r.get("undone_arithmetic_rate") for r in val],
     }
 
 

@@ -668,6 +668,11 @@ def run_facts(record: dict[str, Any]) -> dict[str, Any]:
         "protocol_use_rate": [curve["protocol_use"][0], curve["protocol_use"][-1]],
         "tool_use_rate": [curve["tool_use"][0], curve["tool_use"][-1]],
         "invalid_rate": [curve["invalid"][0], curve["invalid"][-1]],
+        # graded before issue 48 (records without it): n/a, not 0
+        "undone_arithmetic_rate": [
+            (curve.get("undone_arithmetic") or [None])[0],
+            (curve.get("undone_arithmetic") or [None])[-1],
+        ],
         "peak_rss_mb": record.get("peak_rss_mb"),
         "load_average": [record.get("load_average_at_start"), record.get("load_average_at_end")],
         "test_pass@1": record["pass_at_k"].get("pass@1"),
@@ -693,9 +698,10 @@ def _value(x: float | None) -> str:
 def runs_table(runs: dict[str, dict[str, Any]], base: dict[str, Any]) -> str:
     lines = [
         f"base model: GSM8K test pass@1 {_value(base.get('pass@1'))}",
-        "| run | steps | tokens | val acc (first -> last) | protocol use | tool use | invalid "
-        "| peak RSS MB | test pass@1 | tied steps | steps with a correct answer |",
-        "|---|---:|---:|---|---|---|---|---:|---:|---:|---:|",
+        "| run | steps | tokens | val acc (first -> last) | undone arithmetic | protocol use "
+        "| tool use | invalid | peak RSS MB | test pass@1 | tied steps "
+        "| steps with a correct answer |",
+        "|---|---:|---:|---|---|---|---|---|---:|---:|---:|---:|",
     ]
 
     def pair(first_last: list[float | None]) -> str:
@@ -703,11 +709,12 @@ def runs_table(runs: dict[str, dict[str, Any]], base: dict[str, Any]) -> str:
 
     for name, r in runs.items():
         if "error" in r:
-            lines.append(f"| {name} | FAILED | | | | | | | | | |")
+            lines.append(f"| {name} | FAILED | | | | | | | | | | |")
             continue
         lines.append(
             f"| {name} | {r['steps']} | {r['generated_tokens']:,} "
             f"| {pair(r['validation_accuracy'])} "
+            f"| {pair(r.get('undone_arithmetic_rate', [None, None]))} "
             f"| {pair(r['protocol_use_rate'])} | {pair(r['tool_use_rate'])} "
             f"| {pair(r['invalid_rate'])} "
             f"| {r['peak_rss_mb']} | {_value(r['test_pass@1'])} "

@@ -83,6 +83,25 @@ class Trajectory:
     def num_generated_tokens(self) -> int:
         return sum(self.generated_mask)
 
+    @property
+    def undone_arithmetic(self) -> bool | None:
+        """Refused although of the gold's value, for arithmetic left undone (issue 48: the
+        grade's `undone_arithmetic`); False for an episode that gave no answer; None where
+        the grader does not say (QA, an outside harness's reward)."""
+        if self.end_reason != "answer":  # no answer was graded: nothing was refused
+            return False
+        said = self.grade.get("undone_arithmetic")
+        return None if said is None else bool(said)
+
+
+def undone_arithmetic_rate(trajectories: Sequence[Trajectory]) -> float | None:
+    """The share of episodes refused for arithmetic left undone; None unless every grade
+    said (a rate missing beats a 0 that was never measured)."""
+    said = [t.undone_arithmetic for t in trajectories]
+    if not said or any(s is None for s in said):
+        return None
+    return sum(map(bool, said)) / len(said)
+
 
 @dataclass
 class RolloutStats:

@@ -19,12 +19,16 @@ from typing import Any
 class BenchmarkResult:
     """The metrics of one benchmark: means over its problems of per-problem metrics.
 
-    `pass_at_k[k]` is the unbiased pass@k (Chen et al. 2021) on `correct` (math: equivalent
-    to the gold answer; QA: exact match); `mean_at_n` is the mean reward of all samples
-    (math: accuracy; QA: token F1); `maj_at_n` is the accuracy of the majority-voted answer.
+    `pass_at_k[k]` is the unbiased pass@k (Chen et al. 2021) on `correct` (math: the gold's
+    value with no arithmetic left undone; QA: exact match; a benchmark with its own scorer,
+    like reasoning-gym's: a full score of 1); `mean_at_n` is the mean reward of all samples
+    (math: accuracy; QA: token F1; reasoning-gym: its score, partial credit included);
+    `maj_at_n` is the accuracy of the majority-voted answer.
     Over all samples: `protocol_use_rate` is the share that used the call protocol at all (a
     tool call, or a final answer the env read), `tool_use_rate` the share with a tool call,
-    `invalid_rate` the share that ended on a turn with neither.
+    `invalid_rate` the share that ended on a turn with neither; `undone_arithmetic_rate` the
+    share of answers of the gold's value refused for arithmetic left undone (issue 48: `79 *
+    86` for 6794), the mark of a policy that learns to leave the grader its calculation.
     """
 
     benchmark: str
@@ -41,6 +45,7 @@ class BenchmarkResult:
     protocol_use_rate: float | None = None
     tool_use_rate: float | None = None
     invalid_rate: float | None = None
+    undone_arithmetic_rate: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -96,6 +101,7 @@ def metric_values(result: BenchmarkResult) -> dict[str, float]:
         "protocol use": result.protocol_use_rate,
         "tool use": result.tool_use_rate,
         "invalid": result.invalid_rate,
+        "undone arith": result.undone_arithmetic_rate,
     }
     for name, value in rates.items():
         if value is not None:

@@ -158,7 +158,21 @@ def summarize(
         / total,
         tool_use_rate=sum(r["tool_calls"] > 0 for r in all_samples) / total,
         invalid_rate=sum(r["end_reason"] == "invalid" for r in all_samples) / total,
+        undone_arithmetic_rate=_undone_arithmetic_rate(all_samples),
     )
+
+
+def _undone_arithmetic_rate(samples: list[dict[str, Any]]) -> float | None:
+    """The share of samples refused for arithmetic left undone (issue 48); None unless every
+    answered sample's grade says (QA graders never do; samples graded before issue 48 did
+    not). A sample without an answer was refused nothing."""
+    said = [
+        r.get("grade", {}).get("undone_arithmetic") if r.get("prediction") is not None else False
+        for r in samples
+    ]
+    if any(s is None for s in said):
+        return None
+    return sum(map(bool, said)) / len(said)
 
 
 # ---------------------------------------------------------------------- evaluate

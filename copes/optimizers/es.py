@@ -96,6 +96,9 @@ class MemberResult:
     env_seconds: float = 0.0
     generated_tokens: int = 0
     weight_seconds: float = 0.0  # perturb + restore
+    # Share of episodes refused for arithmetic left undone (issue 48); None where the grades
+    # do not say (rewards from an outside harness).
+    undone_arithmetic: float | None = None
 
     @classmethod
     def of(
@@ -108,6 +111,7 @@ class MemberResult:
         env_seconds: float,
         generated_tokens: int,
         weight_seconds: float,
+        undone_arithmetic: float | None = None,
     ) -> MemberResult:
         """The result of `member` from its episodes' rewards and verdicts: the member's
         reward is their mean (0 for no episodes), its accuracy the share correct."""
@@ -119,17 +123,30 @@ class MemberResult:
             env_seconds=env_seconds,
             generated_tokens=generated_tokens,
             weight_seconds=weight_seconds,
+            undone_arithmetic=undone_arithmetic,
         )
 
     @classmethod
     def of_batch(cls, member: int, batch: RolloutBatch, weight_seconds: float) -> MemberResult:
         """`of` a rollout batch (its trajectories and stats)."""
+        from copes.agents.rollout import undone_arithmetic_rate
+
         return cls.of(
             member, [t.reward for t in batch], [t.correct for t in batch],
             generation_seconds=batch.stats.generation_seconds,
             env_seconds=batch.stats.env_seconds,
             generated_tokens=batch.stats.generated_tokens, weight_seconds=weight_seconds,
+            undone_arithmetic=undone_arithmetic_rate(list(batch)),
         )  # fmt: skip
+
+
+def _undone_rate(results: Sequence[MemberResult]) -> dict[str, float]:
+    """The step's share of episodes refused for undone arithmetic, where every member's
+    grades said (a metric missing beats a 0 that was never measured)."""
+    shares = [r.undone_arithmetic for r in results]
+    if not shares or any(share is None for share in shares):
+        return {}
+    return {"undone_arithmetic_rate": float(np.mean(shares))}
 
 
 def evaluate_member(
@@ -329,6 +346,7 @@ class CoPES:
             "reward_std": float(r.std()),
             "reward_max": float(r.max()),
             "accuracy": float(np.mean([res.accuracy for res in results])),
+            **_undone_rate(results),
             "sigma": self.sigma_at(step),
             "learning_rate": self.learning_rate_at(step),
             "perturb_restore_seconds": weight_seconds,

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from copes.agents.policy import TrainablePolicy
+from copes.agents.rollout import undone_arithmetic_rate
 from copes.optimizers.base import RolloutFn, StepStats, load_checkpoint_weights
 from copes.optimizers.configs import _STRUCTURAL, GRPOConfig
 
@@ -206,6 +207,9 @@ class GRPO:
         }
         for key in updates[0]:
             metrics[key] = sum(u[key] for u in updates) / len(updates)
+        undone = undone_arithmetic_rate(batch)  # issue 48; absent where the grades do not say
+        if undone is not None:
+            metrics["undone_arithmetic_rate"] = undone
         return StepStats(
             metrics=metrics,
             generation_seconds=batch.stats.generation_seconds,

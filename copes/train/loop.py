@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from copes.agents.policy import SamplingConfig
+from copes.agents.rollout import undone_arithmetic_rate
 from copes.errors import UserError
 from copes.optimizers.table import get_optimizer
 from copes.run_log import (
@@ -228,11 +229,17 @@ class Trainer:
             "seconds_total": self.budget.seconds,
             "cpu_seconds_total": self.budget.cpu_seconds,
         }
+        # answers of the gold's value refused for arithmetic left undone (issue 48), where
+        # the grader says (math); a policy drifting toward leaving its calculation shows here
+        undone = undone_arithmetic_rate(batch)
+        if undone is not None:
+            result["undone_arithmetic_rate"] = undone
         self.log.log("validation", self.budget.steps, result)
         self.log.plot()
         logger.info(
-            "step %d validation reward %.3f accuracy %.3f (ended invalid %.3f)",
+            "step %d validation reward %.3f accuracy %.3f (ended invalid %.3f%s)",
             self.budget.steps, result["reward_mean"], result["accuracy"], result["invalid_rate"],
+            "" if undone is None else f", refused as undone arithmetic {undone:.3f}",
         )  # fmt: skip
         return result
 
@@ -293,6 +300,9 @@ class Trainer:
             "validation_accuracy_last": val[-1]["accuracy"] if val else None,
             "validation_reward_first": val[0]["reward_mean"] if val else None,
             "validation_reward_last": val[-1]["reward_mean"] if val else None,
+            "validation_undone_arithmetic_last": (  # older logs (before issue 48) lack it
+                val[-1].get("undone_arithmetic_rate") if val else None
+            ),
             "checksum": self.optimizer.fingerprint(self.policy),
         }
 

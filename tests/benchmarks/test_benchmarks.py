@@ -395,7 +395,7 @@ def test_real_model_quick_end_to_end_and_its_archive(tmp_path, tiny_agent_dir):
         shutil.rmtree(tmp_path / "runs" / name)
     shutil.rmtree(tmp_path / "runs" / "base-test")
     fresh = run_script(*args)
-    assert fresh.count("restored from") == len(out["runs"]) and "done" not in fresh
+    assert fresh.count("restored from") == len(out["runs"]) and ": done" not in fresh
     restored = json.loads((tmp_path / "results" / "real_model-quick.json").read_text())
     assert restored["runs"] == out["runs"]
     assert restored["base_model_test"] == out["base_model_test"]

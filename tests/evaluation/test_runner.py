@@ -410,6 +410,31 @@ def test_rescore_regrades_against_a_corrected_gold_and_refuses_a_changed_questio
         rescore(tmp_path)
 
 
+def test_rescore_counts_answers_refused_as_undone_arithmetic(full_run, tmp_path):
+    """Issue 48: an answer of the gold's value left as arithmetic (`{g-1}+1`) earns nothing,
+    and the report counts it, so a policy drifting toward the hack shows in its numbers."""
+    full_out, _, _ = full_run
+    shutil.copy(full_out / "eval_config.json", tmp_path / "eval_config.json")
+    samples = read_samples(full_out / "samples.jsonl")
+    gsm8k = [s for s in samples if s["benchmark"] == "gsm8k"]
+    assert all(s["gold"][0].isdigit() for s in gsm8k)
+    for record in gsm8k[:3]:  # 3 of its 4 samples: the gold's value, written as a sum
+        record["prediction"] = f"{int(record['gold'][0]) - 1} + 1"
+    with open(tmp_path / "samples.jsonl", "w") as f:
+        f.writelines(json.dumps(record) + "\n" for record in samples)
+    report = rescore(tmp_path)
+    result = report.benchmarks["gsm8k"]
+    assert result.undone_arithmetic_rate == pytest.approx(3 / len(gsm8k))
+    assert result.pass_at_k[1] <= 1 / len(gsm8k)  # only the untouched sample may be right
+    regraded = [s for s in read_samples(tmp_path / "samples.jsonl") if s["benchmark"] == "gsm8k"]
+    assert [s["grade"]["undone_arithmetic"] for s in regraded[:3]] == [True] * 3
+    assert not any(s["correct"] for s in regraded[:3])
+    qa_answered = any(s["prediction"] is not None for s in samples if s["benchmark"] == "hotpotqa")
+    qa_rate = report.benchmarks["hotpotqa"].undone_arithmetic_rate
+    assert qa_rate is None if qa_answered else qa_rate == 0.0  # QA graders never say
+    assert "undone arith" in format_table(report)
+
+
 # ---------------------------------------------------------------------- report renderings
 def _result(name: str, p1: float, p4: float) -> BenchmarkResult:
     return BenchmarkResult(name, 10, 4, {1: p1, 4: p4}, p1, p1, 1.5, 2.0, 30.0, {"answer": 40})

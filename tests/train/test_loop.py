@@ -42,10 +42,11 @@ def test_copes_train_writes_every_artifact(tmp_path, tiny):
     val = [r for r in records if r["kind"] == "validation"]
     assert [r["step"] for r in train] == [0, 1] and [r["step"] for r in val] == [0, 2]
     for key in ("reward_mean", "reward_std", "accuracy", "generation_seconds", "tool_seconds",
-                "optimizer_seconds", "generated_tokens"):  # fmt: skip
+                "optimizer_seconds", "generated_tokens", "undone_arithmetic_rate"):  # fmt: skip
         assert key in train[0]
     for r in val:  # every validation episode either answered, ran out of turns or went invalid
         assert 0.0 <= r["invalid_rate"] <= 1.0 and 0.0 <= r["accuracy"] <= 1.0
+        assert 0.0 <= r["undone_arithmetic_rate"] <= 1.0 - r["accuracy"]
         assert 0.0 <= r["tool_use_rate"] <= r["protocol_use_rate"] <= 1.0
     assert [e["step"] for e in read_jsonl(out / "es_log.jsonl")] == [0, 1]
     assert len(read_jsonl(out / "es_log.jsonl")[0]["rewards"]) == 4
