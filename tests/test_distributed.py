@@ -1,7 +1,7 @@
 """copes.distributed on a local Ray (2 CPU actors, the tiny agent).
 
-W = 1 and W = 2 give the one-process weights bit for bit; a worker SIGKILLed in the middle of
-a step is replaced, rebuilt from the checkpoint plus the seed log, and the run's result does not
+W = 1 and W = 2 give the one-process weights bit for bit; a worker SIGKILLed as a step starts
+is replaced, rebuilt from the checkpoint plus the seed log, and the run's result does not
 change; diverged replicas are an error; missing Ray is explained.
 
 The runs use `--invalid-penalty 0.1` and sigma 0.05 so that members really score differently
@@ -28,8 +28,8 @@ from copes.optimizers.configs import CoPESConfig
 from copes.run_log import read_jsonl
 from copes.train import Trainer
 
-# A worker is killed in the middle of a step (timed by reading /proc): in the xdist group of
-# the wall-clock checks, so never beside the CPU hogs of test_grading_under_load.
+# A worker is killed as a step starts (timed by polling the run's folder): in the xdist group
+# of the wall-clock checks, so never beside the CPU hogs of test_grading_under_load.
 pytestmark = pytest.mark.xdist_group("timing")
 
 RUN = [
@@ -127,13 +127,8 @@ def test_low_rank_members_on_a_worker_resumed_match_one_process(local_ray, tiny,
     assert_same_run(out, one)
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc to see the worker computing")
+@pytest.mark.skipif(sys.platform == "win32", reason="kills a worker with SIGKILL")
 def test_worker_sigkilled_mid_step_is_replaced_and_the_result_is_unchanged(
     local_ray, reference, tiny, tmp_path
 ):
@@ -146,13 +141,12 @@ def test_worker_sigkilled_mid_step_is_replaced_and_the_result_is_unchanged(
         deadline = time.time() + 600
         while not (out / "checkpoints" / "latest").exists():  # step 0 done and checkpointed
             assert time.time() < deadline
-            time.sleep(0.02)
-        pid = trainer.evaluator.worker_pids()[0]
-        start = cpu_seconds(pid)
-        # It is evaluating a member of step 1 (a member takes well under a second since the
-        # episode loop, so watch closely: 0.3 s once outlasted the whole run).
-        while cpu_seconds(pid) - start < 0.02:
             time.sleep(0.002)
+        # Step 1 starts now: its members go to the actors. Killed here, not once an actor's
+        # CPU time moves: a tiny agent's member is a few clock ticks of CPU, and on an AMD
+        # EPYC with AVX-512 the whole step's members were done before either actor's CPU time
+        # showed 0.02 s (and one actor sometimes got no member at all).
+        pid = trainer.evaluator.worker_pids()[0]
         seen["steps_logged"] = len(read_jsonl(out / "es_log.jsonl"))
         os.kill(pid, signal.SIGKILL)
         seen["pid"] = pid
