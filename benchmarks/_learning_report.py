@@ -57,10 +57,12 @@ def summarize(
     overshoot: dict[str, list[float]] = {m: [] for m in methods}
     passk: dict[str, list[dict[str, float]]] = {m: [] for m in methods}
     rewards: dict[str, list[tuple[float, float]]] = {m: [] for m in methods}
+    runs_of: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
     for record in records:
         method = record["spec"]["method"]
         if method not in curves or "error" in record:
             continue
+        runs_of[method].append(record)
         curve, over = run_curve(record, kind, budget)
         curves[method].append(curve)
         overshoot[method].append(over)
@@ -101,6 +103,9 @@ def summarize(
             "final_accuracy": t_interval([c.at(budget) for c in cs], confidence).as_dict(),
             "best_accuracy": t_interval([c.best_until(budget) for c in cs], confidence).as_dict(),
             "overshoot_max": max(overshoot[m]),
+            # answers refused as undone arithmetic at the last validation (issue 48); None
+            # where a run was graded before it or its grader does not say
+            "final_undone_arithmetic": _final_undone(runs_of[m], confidence),
             **{
                 key: t_interval([r[i] for r in rewards[m]], confidence).as_dict()
                 if rewards[m]
@@ -127,6 +132,13 @@ def summarize(
         if "error" in r
     ]
     return out
+
+
+def _final_undone(records: list[dict[str, Any]], confidence: float) -> dict[str, Any] | None:
+    last = [(r["curve"].get("undone_arithmetic") or [None])[-1] for r in records]
+    if not last or any(v is None for v in last):
+        return None
+    return t_interval(last, confidence).as_dict()
 
 
 def _speedups(methods: dict[str, Any]) -> dict[str, float | None]:
@@ -187,8 +199,10 @@ def markdown(summary: dict[str, Any], title: str) -> str:
             else []
         ),
         "| method | seeds | base acc | final acc | best acc | gain recovered at B* | "
-        f"{kind} to target (reached) | base reward | final reward | " + " | ".join(ks) + " |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(ks),
+        f"{kind} to target (reached) | base reward | final reward | final undone arith | "
+        + " | ".join(ks)
+        + " |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(ks),
     ]
     for m, e in summary["methods"].items():
         g = e.get("gain_recovered") or {}
@@ -198,7 +212,10 @@ def markdown(summary: dict[str, Any], title: str) -> str:
         t = e.get("budget_to_target") or {}
         reach = f"{_fmt(t.get('mean_of_reached'), 0)} ({t.get('reached', 0)}/{e['seeds']})"
         cells = [_interval(e["pass_at_k"][k]) if k in e["pass_at_k"] else "n/a" for k in ks]
-        rewards = [_interval(e[k]) if e.get(k) else "n/a" for k in ("base_reward", "final_reward")]
+        rewards = [
+            _interval(e[k]) if e.get(k) else "n/a"
+            for k in ("base_reward", "final_reward", "final_undone_arithmetic")
+        ]
         lines.append(
             f"| {m} | {e['seeds']} | {_interval(e['base_accuracy'])} | "
             f"{_interval(e['final_accuracy'])} | {_interval(e['best_accuracy'])} | {frac} | "

@@ -65,6 +65,14 @@ def test_summary_of_hand_made_runs():
     table = markdown(out, "hand-made")
     assert "| copes-k4 | 2 |" in table and "es/copes-k4 = 2.50x" in table
     assert "| 0.000 [0.000, 0.000] | 0.300 [0.300, 0.300] |" in table  # GRPO: base, final reward
+    # Records graded before issue 48 lack the undone-arithmetic curve: n/a, never a 0.
+    assert methods["grpo"]["final_undone_arithmetic"] is None
+    assert "| 0.300 [0.300, 0.300] | n/a |" in table
+    for r in records[:2]:  # GRPO's seeds at their last validation: 0.25 and 0.05 refused
+        r["curve"]["undone_arithmetic"] = [0.0, 0.0, 0.1, 0.25 if r["spec"]["seed"] else 0.05]
+    undone = summarize(records, ["grpo", "es"], "tokens", 1000)["methods"]
+    assert undone["grpo"]["final_undone_arithmetic"]["mean"] == pytest.approx(0.15)
+    assert undone["es"]["final_undone_arithmetic"] is None
     # An ES seed that never reaches the target: no ratio over the seeds that happened to.
     stuck = record("es", 3, [0, 400, 1000], [0.1, 0.1, 0.1])
     partial = summarize([*records, stuck], ["grpo", "copes-k4", "es"], "tokens", 1000)
