@@ -440,6 +440,7 @@ def is_equivalent(pred: str, gold: str, timeout: float = 5.0) -> bool:
 
 UNDONE_ARITHMETIC = "undone arithmetic"
 NOT_A_NUMBER = "not a plain number"
+FORM_CHECK_FAILED = "form check failed"  # a bug, logged; not counted as undone arithmetic
 # An operation on numbers still written out: what tells `79 * 86` from prose around a number.
 _OPERATION = re.compile(
     r"[\d)}\]]\s*[-+*/^!:]|[-+*/^]\s*[\d({\[]|\^|\\(?:times|cdot|div|frac|sqrt|sum|prod"
@@ -507,9 +508,9 @@ def grade_answer(pred: str, gold: str, timeout: float = 5.0) -> MathVerdict:
         return MathVerdict(correct=False)
     try:
         refused = form_refusal(pred, gold)
-    except Exception:  # a parser bug must not crash a rollout; never credit what it missed
+    except Exception:  # a bug must not crash a rollout, nor credit what the check missed
         logger.exception("math grader: form check failed on pred=%.200r gold=%.200r", pred, gold)
-        return MathVerdict(correct=False, refused=UNDONE_ARITHMETIC)
+        return MathVerdict(correct=False, refused=FORM_CHECK_FAILED)
     return MathVerdict(correct=refused is None, refused=refused)
 
 
