@@ -13,6 +13,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from copes.jsonl import parse_json_lines
+
 logger = logging.getLogger(__name__)
 
 
@@ -36,18 +38,8 @@ def read_jsonl(path: Path, hint: str = "") -> list[dict[str, Any]]:
         return []
     text = path.read_text(encoding="utf-8")
     complete = text[: text.rfind("\n") + 1]  # whatever follows the last newline is torn
-    records = []
-    for number, line in enumerate(complete.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise ValueError(
-                f"{path} line {number} is not valid JSON ({exc.msg}); only a torn last line "
-                f"can be skipped. {hint}"
-            ) from exc
-    return records
+    advice = f"only a torn last line can be skipped. {hint}".strip()
+    return parse_json_lines(complete.splitlines(), path, advice)
 
 
 def drop_torn_tail(path: Path) -> None:

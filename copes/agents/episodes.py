@@ -295,13 +295,7 @@ def _in_policy_loop(
     stats: LoopStats,
 ) -> None:
     """Every episode in the policy's continuous-batching loop (`generate_episodes`)."""
-    spent: list[float] = []  # appended from worker threads
-
-    def next_turn(index: int, generation: Generation) -> Sequence[int] | Reprompt | None:
-        begin = time.perf_counter()
-        following = drivers[index].after_turn(generation)
-        spent.append(time.perf_counter() - begin)
-        return following
+    next_turn, spent = _timed_after_turn(drivers)
 
     def turn_limits(index: int) -> Limits:
         return drivers[index].limits() or (sampling.stop, sampling.max_new_tokens)
@@ -320,6 +314,22 @@ def _in_policy_loop(
     stats.engine = dict(engine)
 
 
+def _timed_after_turn(
+    drivers: list[EpisodeDriver],
+) -> tuple[Callable[[int, Generation], Sequence[int] | Reprompt | None], list[float]]:
+    """Each driver's `after_turn` (its tool calls, its grade) as both loops call it, and the
+    list its seconds are appended to (from worker threads)."""
+    spent: list[float] = []
+
+    def after(index: int, generation: Generation) -> Sequence[int] | Reprompt | None:
+        begin = time.perf_counter()
+        following = drivers[index].after_turn(generation)
+        spent.append(time.perf_counter() - begin)
+        return following
+
+    return after, spent
+
+
 def _turn_by_turn(
     policy: Any,
     drivers: list[EpisodeDriver],
@@ -336,13 +346,7 @@ def _turn_by_turn(
     turn_of: dict[int, int] = {}  # episode -> the turn it plays next
     pending: dict[int, tuple[Future, list[int]]] = {}  # after_turn running: (its future, seq)
     population = isinstance(policy, TurnPopulation)
-    spent: list[float] = []
-
-    def after(index: int, generation: Generation) -> Sequence[int] | Reprompt | None:
-        begin = time.perf_counter()
-        following = drivers[index].after_turn(generation)
-        spent.append(time.perf_counter() - begin)
-        return following
+    after, spent = _timed_after_turn(drivers)
 
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(drivers)))) as pool:
         while True:

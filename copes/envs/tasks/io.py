@@ -12,6 +12,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from copes.jsonl import parse_json_lines
+
 logger = logging.getLogger(__name__)
 
 SUPPORTED_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -133,21 +135,10 @@ def _read_file(path: Path, limit: int | None) -> list[dict[str, Any]]:
 
 
 def _read_jsonl(path: Path, limit: int | None) -> list[Any]:
-    records: list[Any] = []
     with path.open(encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
-            if limit is not None and len(records) >= limit:
-                break
-            if not line.strip():
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise ValueError(
-                    f"{str(path)!r} line {line_number} is not valid JSON ({exc.msg} at column "
-                    f"{exc.colno}); a .jsonl file needs one JSON object per line"
-                ) from exc
-    return records
+        return parse_json_lines(
+            handle, repr(str(path)), "a .jsonl file needs one JSON object per line", limit
+        )
 
 
 def _read_json(path: Path) -> list[Any]:
