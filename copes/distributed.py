@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from copes.optimizers.es import CoPES, MemberResult, evaluate_member
+from copes.optimizers.base import MemberResult
+from copes.optimizers.es import CoPES, evaluate_member
 from copes.optimizers.perturb import Perturbation
 
 if TYPE_CHECKING:

@@ -31,8 +31,9 @@ def test_a_rebuilt_train_record_has_the_optimizers_reward_numbers_bit_for_bit_an
     (accuracy, timings, sigma) is left out, and the record says it was rebuilt."""
     import json
 
+    from copes.optimizers.base import MemberResult
     from copes.optimizers.configs import CoPESConfig
-    from copes.optimizers.es import CoPES, MemberResult
+    from copes.optimizers.es import CoPES
     from copes.run_log import rebuild_train_record
 
     optimizer = CoPES(CoPESConfig(population_size=6, num_subspaces=2))

@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+import numpy as np
+
 if TYPE_CHECKING:
     from copes.agents.policy import Policy
     from copes.agents.rollout import RolloutBatch
-    from copes.optimizers.es import MemberResult
     from copes.optimizers.perturb import Perturbation
 
 
@@ -94,6 +95,64 @@ class Optimizer(Protocol):
         ...
 
 
+@dataclass
+class MemberResult:
+    """One evaluated member: its reward (mean over its task batch) and where the time went.
+
+    Small and picklable, so a replica in another process returns this instead of trajectories.
+    """
+
+    member: int
+    reward: float
+    accuracy: float
+    generation_seconds: float = 0.0
+    env_seconds: float = 0.0
+    generated_tokens: int = 0
+    weight_seconds: float = 0.0  # perturb + restore
+    # Share of episodes refused for arithmetic left undone (issue 48); None where the grades
+    # do not say (rewards from an outside harness).
+    undone_arithmetic: float | None = None
+
+    @classmethod
+    def of(
+        cls,
+        member: int,
+        rewards: Sequence[float],
+        correct: Sequence[bool],
+        *,
+        generation_seconds: float,
+        env_seconds: float,
+        generated_tokens: int,
+        weight_seconds: float,
+        undone_arithmetic: float | None = None,
+    ) -> MemberResult:
+        """The result of `member` from its episodes' rewards and verdicts: the member's
+        reward is their mean (0 for no episodes), its accuracy the share correct."""
+        return cls(
+            member=member,
+            reward=float(np.mean(rewards)) if len(rewards) else 0.0,
+            accuracy=float(np.mean(correct)) if len(correct) else 0.0,
+            generation_seconds=generation_seconds,
+            env_seconds=env_seconds,
+            generated_tokens=generated_tokens,
+            weight_seconds=weight_seconds,
+            undone_arithmetic=undone_arithmetic,
+        )
+
+    @classmethod
+    def of_batch(cls, member: int, batch: RolloutBatch, weight_seconds: float) -> MemberResult:
+        """`of` a rollout batch (its trajectories and stats)."""
+        from copes.agents.rollout import undone_arithmetic_rate
+
+        return cls.of(
+            member, [t.reward for t in batch], [t.correct for t in batch],
+            generation_seconds=batch.stats.generation_seconds,
+            env_seconds=batch.stats.env_seconds,
+            generated_tokens=batch.stats.generated_tokens, weight_seconds=weight_seconds,
+            undone_arithmetic=undone_arithmetic_rate(list(batch)),
+        )  # fmt: skip
+
+
 class PopulationEvaluator(Protocol):
     """Where an ES/CoPES step's members are evaluated: one after another in this process
     (`LocalEvaluator`), all in one batch (`copes.optimizers.batched.BatchedEvaluator`), as
@@ -120,8 +179,3 @@ def load_checkpoint_weights(policy: Policy, checkpoint: Path) -> None:
 
     loaded = AutoModelForCausalLM.from_pretrained(checkpoint, dtype="auto")
     policy.load_weights(loaded.state_dict())  # type: ignore[attr-defined]
-
-
-def flag(help: str, default: Any) -> Any:
-    """A config dataclass field that is also a `copes-train` flag with this help text."""
-    return field(default=default, metadata={"help": help})

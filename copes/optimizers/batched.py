@@ -21,8 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from copes.agents.hf.population import LowRankPopulation
 from copes.agents.policy import runs_episodes
-from copes.optimizers.base import PopulationRollout
-from copes.optimizers.es import MemberResult
+from copes.optimizers.base import MemberResult, PopulationRollout
 
 if TYPE_CHECKING:
     import torch

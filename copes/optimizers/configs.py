@@ -6,12 +6,15 @@ planner and the docs read them without importing torch: ``copes-train --help`` i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from copes.optimizers.base import flag
-
 Schedule = Literal["constant", "linear", "cosine"]
+
+
+def flag(help: str, default: Any) -> Any:
+    """A config dataclass field that is also a `copes-train` flag with this help text."""
+    return field(default=default, metadata={"help": help})
 
 
 @dataclass

@@ -27,12 +27,13 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, fields
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from copes.optimizers.base import (
+    MemberResult,
     PopulationEvaluator,
     RolloutFn,
     StepStats,
@@ -80,64 +81,6 @@ def standardize(values: np.ndarray) -> np.ndarray:
     if std == 0 or not np.isfinite(std):
         return np.zeros_like(values, dtype=np.float64)
     return (values - values.mean()) / std
-
-
-@dataclass
-class MemberResult:
-    """One evaluated member: its reward (mean over its task batch) and where the time went.
-
-    Small and picklable, so a replica in another process returns this instead of trajectories.
-    """
-
-    member: int
-    reward: float
-    accuracy: float
-    generation_seconds: float = 0.0
-    env_seconds: float = 0.0
-    generated_tokens: int = 0
-    weight_seconds: float = 0.0  # perturb + restore
-    # Share of episodes refused for arithmetic left undone (issue 48); None where the grades
-    # do not say (rewards from an outside harness).
-    undone_arithmetic: float | None = None
-
-    @classmethod
-    def of(
-        cls,
-        member: int,
-        rewards: Sequence[float],
-        correct: Sequence[bool],
-        *,
-        generation_seconds: float,
-        env_seconds: float,
-        generated_tokens: int,
-        weight_seconds: float,
-        undone_arithmetic: float | None = None,
-    ) -> MemberResult:
-        """The result of `member` from its episodes' rewards and verdicts: the member's
-        reward is their mean (0 for no episodes), its accuracy the share correct."""
-        return cls(
-            member=member,
-            reward=float(np.mean(rewards)) if len(rewards) else 0.0,
-            accuracy=float(np.mean(correct)) if len(correct) else 0.0,
-            generation_seconds=generation_seconds,
-            env_seconds=env_seconds,
-            generated_tokens=generated_tokens,
-            weight_seconds=weight_seconds,
-            undone_arithmetic=undone_arithmetic,
-        )
-
-    @classmethod
-    def of_batch(cls, member: int, batch: RolloutBatch, weight_seconds: float) -> MemberResult:
-        """`of` a rollout batch (its trajectories and stats)."""
-        from copes.agents.rollout import undone_arithmetic_rate
-
-        return cls.of(
-            member, [t.reward for t in batch], [t.correct for t in batch],
-            generation_seconds=batch.stats.generation_seconds,
-            env_seconds=batch.stats.env_seconds,
-            generated_tokens=batch.stats.generated_tokens, weight_seconds=weight_seconds,
-            undone_arithmetic=undone_arithmetic_rate(list(batch)),
-        )  # fmt: skip
 
 
 def _undone_rate(results: Sequence[MemberResult]) -> dict[str, float]:

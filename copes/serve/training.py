@@ -28,8 +28,8 @@ from copes.agents.episodes import play_episodes
 from copes.agents.policy import PopulationRows
 from copes.agents.rollout import RolloutBatch, RolloutStats, Trajectory
 from copes.envs.tasks.base import task_to_dict
+from copes.optimizers.base import MemberResult
 from copes.optimizers.batched import BatchedEvaluator
-from copes.optimizers.es import MemberResult
 from copes.serve.server import PolicyServer
 from copes.serve.sessions import SessionDriver
 from copes.serve.steps import ServedStep, SessionSpec

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from copes.optimizers.base import flag
+from copes.optimizers.configs import flag
 from copes.optimizers.table import OPTIMIZERS as OPTIMIZER_TABLE
 from copes.optimizers.table import get_optimizer, is_population
 

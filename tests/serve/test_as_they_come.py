@@ -82,7 +82,7 @@ class Replay:
         self.served = served
 
     def evaluate(self, step, members):
-        from copes.optimizers.es import MemberResult
+        from copes.optimizers.base import MemberResult
 
         results = []
         for member in members:
