@@ -47,9 +47,9 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
-from copes.agents.policy import Generation, SamplingConfig, TurnPopulation, runs_episodes
+from copes.agents.policy import Generation, Policy, SamplingConfig
 
 Limits = tuple[tuple[str, ...], int]  # a turn's stop strings and its most new tokens
 Schedule = Literal["deterministic", "as-they-come"]
@@ -219,6 +219,83 @@ class EpisodeFeed:
         """Until `done()` holds, running interjections meanwhile."""
         while not done():
             self.wait()
+
+
+# ---------------------------------------------------------------------------------------------
+# What a policy may declare to the loop: its own episode loop, a population's rows
+
+
+@runtime_checkable
+class EpisodeRunner(Protocol):
+    """An optional capability: whole multi-turn episodes in one call, in the policy's own
+    continuous-batching loop (`HFPolicy`; a population policy, which serves only through
+    its loop, too). The one episode loop (`copes.agents.episodes`) uses it when a policy has
+    it and ``supports_episodes`` is true, and otherwise runs turn by turn with
+    `generate_ids`. A row that ends its turn leaves, and re-joins when what follows it is
+    ready."""
+
+    supports_episodes: bool
+
+    def generate_episodes(
+        self,
+        prompts: Sequence[Sequence[int]] | EpisodeFeed,
+        sampling: SamplingConfig,
+        next_turn: Callable[[int, Generation], Sequence[int] | None],
+        *,
+        threads: int = 16,
+    ) -> dict[str, float]:
+        """Generate turns for every prompt until its episode ends (an `EpisodeFeed`: its
+        episodes as they arrive, on its schedule, running its interjections).
+
+        After each turn of episode ``i`` the policy calls ``next_turn(i, generation)`` (from
+        worker threads, at most ``threads`` at once, never twice at once for one episode):
+        it returns the token ids that follow the turn (tool output, the next assistant
+        header), which the policy appends before the episode's next turn, or None when the
+        episode is over. ``generation.prompt_token_ids`` is the episode's whole sequence
+        before the turn. With a seed, each episode samples from its own stream derived from
+        (seed, i). Returns diagnostics (seconds, forward passes, ...).
+        """
+        ...
+
+
+@runtime_checkable
+class EpisodePolicy(Policy, EpisodeRunner, Protocol):
+    """A `Policy` that runs whole episodes in its own loop (`EpisodeRunner`)."""
+
+
+def runs_episodes(policy: Any) -> bool:
+    """Whether `policy` runs whole episodes in its own loop now (an `EpisodeRunner` whose
+    `supports_episodes` is true): the typed test every rollout path asks."""
+    return isinstance(policy, EpisodeRunner) and bool(policy.supports_episodes)
+
+
+@runtime_checkable
+class PopulationRows(Protocol):
+    """A population served as one policy: each row of the next rollout computes with its
+    member (`copes.agents.hf.population.PopulationPolicy`, the vLLM LoRA population)."""
+
+    def assign(
+        self,
+        members: Sequence[int],
+        streams: Sequence[int],
+        seeds: Sequence[int | None] | None = None,
+    ) -> None:
+        """Each episode's member slot, its episode-loop stream, its turn-by-turn seed."""
+        ...
+
+
+@runtime_checkable
+class TurnPopulation(PopulationRows, Protocol):
+    """A population that runs turn by turn (vLLM schedules rows itself): one call per turn
+    over the unfinished episodes, each row sampling as its member alone would."""
+
+    def generate_turn(
+        self,
+        prompts: Sequence[Sequence[int]],
+        sampling: SamplingConfig,
+        episodes: Sequence[int],
+        turn: int,
+    ) -> list[Generation]: ...
 
 
 @dataclass

@@ -19,8 +19,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from copes.agents.episodes import runs_episodes
 from copes.agents.hf.population import LowRankPopulation
-from copes.agents.policy import runs_episodes
 from copes.optimizers.base import MemberResult, PopulationRollout
 
 if TYPE_CHECKING:

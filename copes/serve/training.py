@@ -24,8 +24,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
-from copes.agents.episodes import play_episodes
-from copes.agents.policy import PopulationRows
+from copes.agents.episodes import PopulationRows, play_episodes
 from copes.agents.rollout import RolloutBatch, RolloutStats, Trajectory
 from copes.envs.tasks.base import task_to_dict
 from copes.optimizers.base import MemberResult

@@ -4,10 +4,10 @@ agent: KV caches kept across turns give the turns that turn-by-turn generation g
 import pytest
 import torch
 
-from copes.agents.episodes import EpisodeFeed
+from copes.agents.episodes import EpisodeFeed, EpisodePolicy
 from copes.agents.hf import HFPolicy
 from copes.agents.hf.kv_batch import KVBatch, SlotBatch
-from copes.agents.policy import EpisodePolicy, SamplingConfig
+from copes.agents.policy import SamplingConfig
 from copes.agents.rollout import rollout
 from copes.agents.sampling import filtered_logits, sample_tokens, stream
 from copes.envs.presets import tool_math_env, tool_qa_env

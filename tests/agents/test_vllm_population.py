@@ -106,7 +106,7 @@ def test_every_step_gets_new_adapter_ids_and_drops_the_last_steps(lora_engine):
     import tempfile
 
     from copes.agents.vllm.population import VLLMLowRankPopulation
-    from copes.agents.vllm.weights import scratch_dir
+    from copes.agents.vllm.scratch import scratch_dir
 
     population = VLLMLowRankPopulation(lora_engine, MEMBERS, RANK)
     try:

@@ -34,7 +34,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
@@ -42,10 +42,6 @@ from copes.agents.episodes import EpisodeFeed, Reprompt
 from copes.agents.hf.kv_batch import KVBatch, SlotBatch
 from copes.agents.policy import FinishReason, Generation, SamplingConfig
 from copes.agents.sampling import chosen_logprobs, sample_tokens, stream
-
-if TYPE_CHECKING:
-    from copes.agents.hf.policy import HFPolicy
-    from copes.agents.hf.population import PopulationPolicy
 
 # Decode steps a row's `next_turn` (its tool call) overlaps before the row must re-join.
 TOOL_OVERLAP_STEPS = 3
@@ -96,25 +92,42 @@ class _StopCheck:
         return any(s in text for s in self.stops)
 
 
+class EngineHost(Protocol):
+    """What the loop reads of the policy it runs for (`HFPolicy`, `PopulationPolicy`)."""
+
+    model: Any
+    tokenizer: Any
+    batch_size: int
+    eos_ids: set[int]
+
+    @property
+    def device(self) -> torch.device: ...
+
+
 class EpisodeEngine:
     """Runs `HFPolicy.generate_episodes` (one call = one set of episodes)."""
 
     def __init__(
         self,
-        policy: HFPolicy | PopulationPolicy,
+        policy: EngineHost,
         sampling: SamplingConfig,
         next_turn: NextTurn,
         *,
         members: Sequence[int] | None = None,
+        select: Callable[[Sequence[int]], None] | None = None,
         streams: Sequence[int] | None = None,
         turn_limits: TurnLimits | None = None,
     ) -> None:
-        """`members`: the population member of each episode, for a `PopulationPolicy`
-        (told to its stacked model before every forward pass); `streams`: each episode's
-        sampling-stream seed (default: derived from the sampling seed and its index);
-        `turn_limits`: each episode's stop strings and turn length, read at every token
-        (default: the sampling config's, the same for all)."""
+        """`members`: the population member of each episode, for a `PopulationPolicy`,
+        and `select`: how the loop tells its model the member of each row before every
+        forward pass (both or neither); `streams`: each episode's sampling-stream seed
+        (default: derived from the sampling seed and its index); `turn_limits`: each
+        episode's stop strings and turn length, read at every token (default: the sampling
+        config's, the same for all)."""
+        if (members is None) != (select is None):
+            raise ValueError("a population's episodes need both members= and select=")
         self.policy = policy
+        self.select = select
         self.members = None if members is None else list(members)
         self.streams = None if streams is None else list(streams)
         self.model = policy.model
@@ -361,8 +374,8 @@ class EpisodeEngine:
 
     def _select(self, rows: Sequence[_Episode]) -> None:
         """Tell a population's stacked model the member of each row of the next forward."""
-        if self.members is not None:
-            self.policy.stacked.select([self.members[e.index] for e in rows])  # type: ignore[union-attr]
+        if self.members is not None and self.select is not None:
+            self.select([self.members[e.index] for e in rows])
 
     # ------------------------------------------------------------------ one token per row
     def _choose(

@@ -449,8 +449,8 @@ class PopulationPolicy:
             )
         feed.suspend = self.stacked.suspended  # interjections run on the model's own weights
         engine = EpisodeEngine(
-            self, sampling, next_turn, members=self._members, streams=self._streams,
-            turn_limits=turn_limits,
+            self, sampling, next_turn, members=self._members, select=self.stacked.select,
+            streams=self._streams, turn_limits=turn_limits,
         )  # fmt: skip
         with self.stacked.active():
             return engine.run(feed, threads)

@@ -398,7 +398,7 @@ class VLLMPolicy(ChatGeneration):
             raise KeyError(f"weights lack {len(missing)} tensors of the model, e.g. {missing[:3]}")
         cast = {n: state[n].detach().to("cpu", self.engine_dtype).contiguous() for n in names}
         size = sum(t.numel() * t.element_size() for t in cast.values())
-        from copes.agents.vllm.weights import scratch_dir
+        from copes.agents.vllm.scratch import scratch_dir
 
         with tempfile.TemporaryDirectory(dir=scratch_dir(size)) as folder:
             path = str(Path(folder) / "weights.safetensors")

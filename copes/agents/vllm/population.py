@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from copes.agents.adapters import adapter_targets
 from copes.agents.episodes import turn_seed
-from copes.agents.vllm.weights import scratch_dir
+from copes.agents.vllm.scratch import scratch_dir
 
 if TYPE_CHECKING:
     from copes.agents.policy import Generation, SamplingConfig

@@ -8,27 +8,27 @@ call runs `copes.agents.vllm.worker.CopesWorkerExtension` in every worker throug
 from __future__ import annotations
 
 import hashlib
-import os
-import shutil
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
-from copes.optimizers.perturb import DEFAULT_CHUNK_SIZE, Perturbation
-
-if TYPE_CHECKING:
-    from copes.agents.vllm.policy import VLLMPolicy
+from copes.agents.vllm.scratch import scratch_dir
+from copes.optimizers.perturb import DEFAULT_CHUNK_SIZE, Perturbation, Shard
 
 
-def scratch_dir(needed_bytes: int) -> str | None:
-    """Where weight files for the workers go: shared memory when it has room (containers
-    often give /dev/shm 64 MiB), else the temporary directory (`TMPDIR`)."""
-    shm = "/dev/shm"
-    writable = os.path.isdir(shm) and os.access(shm, os.W_OK)
-    return shm if writable and shutil.disk_usage(shm).free > 1.2 * needed_bytes else None
+class EngineHost(Protocol):
+    """What `VLLMWeights` needs of its policy (`VLLMPolicy` declares all of it): the engine
+    whose workers hold the weights, their layout, each rank's shards, and the prefix cache to
+    drop when they change."""
+
+    llm: Any
+    layout: Sequence[tuple[str, Sequence[int]]]  # `weight_map.Layout` (it imports vLLM)
+    rank_shards: list[dict[str, Shard]]
+
+    def reset_cache(self) -> None: ...
 
 
 class VLLMWeights:
@@ -40,7 +40,7 @@ class VLLMWeights:
 
     def __init__(
         self,
-        policy: VLLMPolicy,
+        policy: EngineHost,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         backup_device: str = "cpu",
     ) -> None:
