@@ -7,10 +7,11 @@ with their own scorers. Here each dataset becomes a copes benchmark:
   split its question hashes to (80/10/10), so train and evaluation never share a question;
 - graded by the dataset's own `score_answer`, the official rule (as each QA benchmark is
   scored by its own script): copes only extracts the answer (the `<answer>` tag, its box).
-  The reward is the score, partial credit included (`products` gives 0.467 for two numbers of
-  which one is right, 0.333 for "The answer is N"); `correct`, and so accuracy and pass@k,
-  is a full score of 1 only. Until issue 48 nine arithmetic datasets were graded by copes'
-  math grader instead, which evaluated `1663 * 5242` for the agent.
+  The reward is the score, partial credit included (measured on `products`, gold 8717446:
+  0.7 for `8717446 12`, 0.333 for `The answer is 8717446`, and 0.2 for `7 * 1` whose gold is
+  7); `correct`, and so accuracy and pass@k, is a full score of 1 only. Until issue 48 nine
+  arithmetic datasets were graded by copes' math grader instead, which evaluated
+  `1663 * 5242` for the agent.
 """
 
 from __future__ import annotations
