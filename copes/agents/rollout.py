@@ -17,7 +17,7 @@ needs only the rewards.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -94,13 +94,18 @@ class Trajectory:
         return None if said is None else bool(said)
 
 
-def undone_arithmetic_rate(trajectories: Sequence[Trajectory]) -> float | None:
-    """The share of episodes refused for arithmetic left undone; None unless every grade
-    said (a rate missing beats a 0 that was never measured)."""
-    said = [t.undone_arithmetic for t in trajectories]
-    if not said or any(s is None for s in said):
+def mean_of_said(values: Iterable[float | bool | None]) -> float | None:
+    """The mean of per-episode (or per-member) figures; None unless every one was said (a
+    rate missing beats a 0 that was never measured)."""
+    said = list(values)
+    if not said or any(v is None for v in said):
         return None
-    return sum(map(bool, said)) / len(said)
+    return sum(float(v) for v in said) / len(said)  # type: ignore[arg-type]
+
+
+def undone_arithmetic_rate(trajectories: Sequence[Trajectory]) -> float | None:
+    """The share of episodes refused for arithmetic left undone (`mean_of_said`)."""
+    return mean_of_said(t.undone_arithmetic for t in trajectories)
 
 
 @dataclass

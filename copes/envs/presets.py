@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from copes.envs.core import ToolEnv
 from copes.envs.parsing import CallFormat
-from copes.envs.rewards.graders import Grader, MathGrader, QAGrader, as_grader
+from copes.envs.rewards.graders import FunctionGrader, Grader, MathGrader, QAGrader, as_grader
 from copes.envs.tasks.base import Task
 from copes.envs.tools.base import Tool
 
@@ -90,7 +90,7 @@ def _benchmark_grader(tasks: Sequence[Task]) -> Grader | None:
             f"ToolMath: tasks of {', '.join(scorers)} in one env, and {', '.join(own)} grade "
             "with their own scorer: make one env per benchmark, or pass grader="
         )
-    return as_grader(next(iter(own.values())), MathGrader())
+    return FunctionGrader(next(iter(own.values())))
 
 
 def _qa_rule_of(tasks: Sequence[Task]) -> str:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from copes.agents.policy import Policy, SamplingConfig
-from copes.agents.rollout import rollout
+from copes.agents.rollout import mean_of_said, rollout
 from copes.envs.core import EpisodeRules
 from copes.envs.tasks.base import Task, task_digest
 from copes.evaluation.passk import majority_at_n, mean_at_n, pass_at_k
@@ -166,13 +166,10 @@ def _undone_arithmetic_rate(samples: list[dict[str, Any]]) -> float | None:
     """The share of samples refused for arithmetic left undone (issue 48); None unless every
     answered sample's grade says (QA graders never do; samples graded before issue 48 did
     not). A sample without an answer was refused nothing."""
-    said = [
+    return mean_of_said(
         r.get("grade", {}).get("undone_arithmetic") if r.get("prediction") is not None else False
         for r in samples
-    ]
-    if any(s is None for s in said):
-        return None
-    return sum(map(bool, said)) / len(said)
+    )
 
 
 # ---------------------------------------------------------------------- evaluate

@@ -85,11 +85,11 @@ def standardize(values: np.ndarray) -> np.ndarray:
 
 def _undone_rate(results: Sequence[MemberResult]) -> dict[str, float]:
     """The step's share of episodes refused for undone arithmetic, where every member's
-    grades said (a metric missing beats a 0 that was never measured)."""
-    shares = [r.undone_arithmetic for r in results]
-    if not shares or any(share is None for share in shares):
-        return {}
-    return {"undone_arithmetic_rate": float(np.mean(shares))}
+    grades said (left out otherwise)."""
+    from copes.agents.rollout import mean_of_said
+
+    rate = mean_of_said(r.undone_arithmetic for r in results)
+    return {} if rate is None else {"undone_arithmetic_rate": rate}
 
 
 def evaluate_member(

@@ -111,5 +111,10 @@ def _undone_arithmetic(answer: str, task: Task) -> bool:
     from copes.envs.rewards._math_undone import is_plain_number
     from copes.envs.rewards.math import grade_answer
 
-    golds = [g for g in task.answers if is_plain_number(finish(prepare(g), keep_spaces=False))]
+    def plain(text: str) -> bool:
+        return is_plain_number(finish(prepare(text), keep_spaces=False))
+
+    if plain(answer):  # a written number leaves nothing undone: no grading needed (hot path)
+        return False
+    golds = [g for g in task.answers if plain(g)]
     return any(grade_answer(answer, gold).undone_arithmetic for gold in golds)
