@@ -1,7 +1,7 @@
 """How much of an ES member's noise survives bfloat16 weights, per sigma and parameter group.
 
 A member's working weights are `bf16(w + sign * sigma * eps)` where w is already bfloat16
-(`copes.optimizers.perturb.WeightSpace.perturb`), so a coordinate whose step is below half a
+(`copes.weights.WeightSpace.perturb`), so a coordinate whose step is below half a
 bfloat16 ulp of its weight does not move, and one that moves moves by whole ulps. This
 applies one member, exactly as training does, and compares the realised change with the
 intended `sigma * eps`:
@@ -41,7 +41,7 @@ def group_of(name: str, tensor: torch.Tensor) -> str:
 
 def measure(model: torch.nn.Module, sigma: float, seed: int) -> dict[str, dict[str, float]]:
     """One member (full space, seed `seed`) at `sigma`: realised against intended, per group."""
-    from copes.optimizers.perturb import Perturbation, WeightSpace
+    from copes.weights import Perturbation, WeightSpace
 
     space = WeightSpace.from_module(model)
     before = {n: t.detach().float().clone() for n, t in space.named_tensors()}

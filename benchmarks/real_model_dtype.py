@@ -13,7 +13,7 @@ how much of an ES/CoPES member's perturbation survives bf16 rounding.
    1,536), best of 3, one call each: GFLOP/s per layout and dtype. A CPU without native bf16
    runs some layouts on torch's fallback kernel.
 3. **Perturbation survival.** ES keeps an fp32 master and writes `bf16(master + sigma_k eps)`
-   into the bf16 weights (`copes.optimizers.perturb`). For each sigma and K, one member of
+   into the bf16 weights (`copes.weights`). For each sigma and K, one member of
    one subspace is applied to the real weights, and the change that reached the bf16
    weights is compared with the intended one over the member's coordinates: the share of
    coordinates whose bf16 value changed at all, and ||realized|| / ||intended|| and their
@@ -73,7 +73,7 @@ def generation_seconds(model, tokenizer, batch: list[list[int]], new_tokens: int
 
 def survival(model, sigma: float, num_subspaces: int, seed: int = 7) -> dict[str, float]:
     """One member's realized vs intended perturbation on bf16 weights with an fp32 master."""
-    from copes.optimizers.perturb import (
+    from copes.weights import (
         Perturbation,
         Subspace,
         WeightSpace,

@@ -196,8 +196,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     def one_at_a_time() -> int:
         """The step's episodes, each alone in the loop with its member's weights and stream."""
-        local._load(members)
-        population, tokens = local.population_policy, 0
+        local.members.load(members)
+        population, tokens = local.members.policy, 0
         env = make_env()
         for e in plan:
             batch = play(

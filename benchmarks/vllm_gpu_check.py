@@ -44,7 +44,7 @@ import torch
 from copes.agents.policy import SamplingConfig
 from copes.agents.rollout import RolloutBatch, RolloutStats, Trajectory
 from copes.optimizers.es import CoPES, CoPESConfig
-from copes.optimizers.perturb import Perturbation
+from copes.weights import Perturbation
 
 QWEN_05B = {  # Qwen2.5-0.5B's shape: 24 layers, hidden 896, GQA 14/2, vocab 151936 (~494M)
     "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,

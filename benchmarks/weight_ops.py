@@ -42,7 +42,7 @@ def _gather_add_scatter(flat: Any, index: Any, values: Any) -> None:
 
 def previous_space(named: list, **kwargs: Any) -> Any:
     """The engine of 2026-12-05: the current subspace's positions kept, gather-add-scatter."""
-    from copes.optimizers.perturb import WeightSpace
+    from copes.weights import WeightSpace
 
     class Previous(WeightSpace):
         _add_at = staticmethod(_gather_add_scatter)
@@ -53,7 +53,7 @@ def previous_space(named: list, **kwargs: Any) -> Any:
 def redrawing_space(named: list, **kwargs: Any) -> Any:
     """A `WeightSpace` that draws every chunk's permutation anew for every member and every
     update term (the engine before positions were kept)."""
-    from copes.optimizers.perturb import WeightSpace
+    from copes.weights import WeightSpace
 
     class Redrawing(WeightSpace):
         _add_at = staticmethod(_gather_add_scatter)
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from copes.agents.hf.policy import HFPolicy
     from copes.optimizers.configs import CoPESConfig
     from copes.optimizers.es import CoPES
-    from copes.optimizers.perturb import WeightSpace
+    from copes.weights import WeightSpace
 
     policy = HFPolicy.from_pretrained(args.model, device="cpu", dtype=args.dtype)
     model = policy.model

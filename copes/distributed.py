@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from copes.optimizers.base import MemberResult
 from copes.optimizers.es import CoPES, evaluate_member
-from copes.optimizers.perturb import Perturbation
+from copes.weights import Perturbation
 
 if TYPE_CHECKING:
     from copes.agents.policy import Policy

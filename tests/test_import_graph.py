@@ -130,6 +130,23 @@ LAYERS = [
         ("copes.agents.hf", "copes.agents.vllm"),
     ),
     (
+        "agents never import the optimizers, the trainer, the server or evaluation",
+        ("copes.agents",),
+        ("copes.optimizers", "copes.train", "copes.serve", "copes.evaluation"),
+    ),
+    (
+        "the weight engine sits below agents and optimizers (torch and seeding only)",
+        ("copes.weights",),
+        tuple(
+            sorted({m.split(".")[1] for m in GRAPH if m.count(".") >= 1} - {"weights", "seeding"})
+        ),
+    ),
+    (
+        "the optimizers import no backend (a backend declares what they use)",
+        ("copes.optimizers",),
+        ("copes.agents.hf", "copes.agents.vllm"),
+    ),
+    (
         "evaluation does not train",
         ("copes.evaluation",),
         ("copes.optimizers", "copes.train"),

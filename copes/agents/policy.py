@@ -92,7 +92,7 @@ class ChatGeneration:
 class Weights(Protocol):
     """The parameters ES/CoPES perturb and update, wherever a backend keeps them.
 
-    `copes.optimizers.perturb.WeightSpace` (transformers, one process) and
+    `copes.weights.WeightSpace` (transformers, one process) and
     `copes.agents.vllm.weights.VLLMWeights` (every vLLM worker, on its shards) implement it
     with the same noise, bit for bit.
     """

@@ -257,7 +257,7 @@ def estimate_memory(
         flash_attention: no s x s attention matrix is stored (else it is, per layer).
         fused_rmsnorm: False counts the fp32 copies transformers' eager RMSNorm saves.
         lora_rank: r of LoRA-GRPO.
-        chunk_size: coordinates ES/CoPES perturb at a time (`copes.optimizers.perturb`).
+        chunk_size: coordinates ES/CoPES perturb at a time (`copes.weights`).
         kl_beta: GRPO's KL coefficient; > 0 keeps a frozen reference model (full GRPO only:
             LoRA-GRPO's reference is the base model with the adapter switched off).
         master_on_gpu: ES/CoPES keep the fp32 master on the GPU instead of in CPU RAM.

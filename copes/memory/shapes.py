@@ -273,7 +273,7 @@ def _inspect(model: Any, config: Any, model_type: str) -> dict[str, Any]:
     params = list(model.parameters())  # shared (tied) parameters once
     rows_plus_cols = sum(
         p.shape[0] + math.prod(p.shape[1:]) for p in params if p.is_floating_point() and p.dim() > 1
-    )  # a matrix is rows x the product of its other dims (copes.optimizers.perturb)
+    )  # a matrix is rows x the product of its other dims (copes.weights)
     lora = qk_norm = 0
     routed: dict[int, tuple[int, int]] = {}  # layer -> (experts, their parameters)
     shared: dict[int, int] = {}

@@ -19,7 +19,7 @@ import numpy as np
 if TYPE_CHECKING:
     from copes.agents.policy import Policy
     from copes.agents.rollout import RolloutBatch
-    from copes.optimizers.perturb import Perturbation
+    from copes.weights import Perturbation
 
 
 class RolloutFn(Protocol):

@@ -17,7 +17,7 @@ sigma and learning rate alpha:
 
 With K = 1 this is Qiu et al.'s update theta += alpha * (1/N) * sum_n z_n eps_n ("learning-
 rate digestion": no 1/sigma factor; alpha absorbs it). Noise is never stored: members are
-(seed, subspace) pairs and the engine (`copes.optimizers.perturb`) regenerates the noise.
+(seed, subspace) pairs and the engine (`copes.weights`) regenerates the noise.
 The optimizer is ask/tell: `ask(step)` names the members, `tell(step, members, rewards)`
 applies the update, and `step()` does both around the rollouts.
 """
@@ -40,11 +40,11 @@ from copes.optimizers.base import (
     load_checkpoint_weights,
 )
 from copes.optimizers.configs import CoPESConfig, Schedule
-from copes.optimizers.perturb import (
+from copes.seeding import derive_seed
+from copes.weights import (
     Perturbation,
     Subspace,
     WeightSpace,
-    derive_seed,
     sigma_for_subspaces,
 )
 

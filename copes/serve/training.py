@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from copes.agents.episodes import PopulationRows, play_episodes
+from copes.agents.members import check_members
 from copes.agents.rollout import RolloutBatch, RolloutStats, Trajectory
 from copes.envs.tasks.base import task_to_dict
 from copes.optimizers.base import MemberResult
@@ -192,19 +193,18 @@ class ServedEvaluator(BatchedEvaluator):
         self.harness = harness
 
     def evaluate(self, step: int, members: Sequence[Any]) -> list[MemberResult]:
-        self.check_members(members)
-        weight_seconds = self._load(members)
+        check_members(self.members, members)
+        weight_seconds = self.members.load(members)
         plan = self.rollout.population_plan(step, [m.member for m in members])
         specs = [SessionSpec(e.member, e.slot, e.task, e.stream, e.seed) for e in plan]
         sampling = self.rollout.sampling_of(step, members[0].member)
         served = self.server.open_step(step, specs, sampling=sampling)
         self.last_served = served  # its sessions' records, for diagnostics and tests
         try:
-            stats = _serve_step(self.server, self.harness, served, self.population_policy, sampling)
+            stats = _serve_step(self.server, self.harness, served, self.members.policy, sampling)
         finally:
             self.server.close_step(served)
-            if self.on_vllm:  # nothing else may be served with the members' adapters
-                self.member_weights.unload()
+            self.members.unload()  # nothing else may be served with the members
         share = len(members)
         results = []
         for slot, member in enumerate(members):

@@ -187,7 +187,7 @@ def lora_population(config: TrainConfig, overrides: dict[str, Any]) -> tuple[int
         return None
     opt_config = optimizer_config(config, overrides)
     if not opt_config.perturbation_rank:
-        from copes.optimizers.batched import FULL_RANK_ON_VLLM
+        from copes.agents.vllm.population import FULL_RANK_ON_VLLM
 
         raise UserError(FULL_RANK_ON_VLLM)
     return opt_config.population_size, opt_config.perturbation_rank

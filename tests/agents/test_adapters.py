@@ -13,7 +13,7 @@ from copes.agents.adapters import (
     adapter_targets,
     write_peft_adapter,
 )
-from copes.optimizers.perturb import Perturbation, Subspace, WeightSpace
+from copes.weights import Perturbation, Subspace, WeightSpace
 from tests.optimizers.test_batched_population import _random_model, _tiny_config
 
 peft = pytest.importorskip("peft", reason="peft (the [train] extra) reads the adapter files")

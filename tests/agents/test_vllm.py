@@ -24,7 +24,7 @@ from copes.agents.rollout import rollout  # noqa: E402
 from copes.envs.presets import tool_math_env  # noqa: E402
 from copes.envs.tasks.synthetic import synthetic_math_tasks  # noqa: E402
 from copes.optimizers.es import CoPES, CoPESConfig  # noqa: E402
-from copes.optimizers.perturb import Perturbation, Subspace  # noqa: E402
+from copes.weights import Perturbation, Subspace  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

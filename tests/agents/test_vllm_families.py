@@ -23,7 +23,7 @@ import torch
 
 from copes.agents.policy import SamplingConfig
 from copes.agents.rollout import rollout
-from copes.optimizers.perturb import Perturbation, Subspace
+from copes.weights import Perturbation, Subspace
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

@@ -89,9 +89,9 @@ def test_members_served_as_lora_adapters_equal_the_same_members_perturbed_in_pla
         # The step's adapters are gone from the engine, their slots and the disk at once:
         # the base model's next rollout (validation) is the one before the step.
         assert not lora_engine.llm.llm_engine.list_loras()
-        assert not any(evaluator.member_weights._folder.iterdir())
+        assert not any(evaluator.members._folder.iterdir())
         assert [list(t.token_ids) for t in rollout(lora_engine, 0, 0)] == base
-        folder = evaluator.member_weights._folder
+        folder = evaluator.members._folder
         evaluator.close()
         assert not folder.exists()
     finally:

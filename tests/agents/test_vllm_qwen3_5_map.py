@@ -124,7 +124,7 @@ def test_the_packed_modules_mapping_alone_would_be_wrong(qwen3_5):
 
 def test_copes_noise_lands_on_the_same_bits(qwen3_5):
     from copes.agents.vllm.weight_map import hf_views
-    from copes.optimizers.perturb import Perturbation, Subspace, WeightSpace
+    from copes.weights import Perturbation, Subspace, WeightSpace
 
     model, hf, layout = qwen3_5
     views, shards = hf_views(model, layout)

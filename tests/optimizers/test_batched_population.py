@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from copes.agents.hf.population import StackedModel
-from copes.optimizers.perturb import Perturbation, Subspace, WeightSpace
+from copes.weights import Perturbation, Subspace, WeightSpace
 
 
 def _tiny_config(model_type: str):

@@ -7,7 +7,7 @@ import torch
 from copes.agents.rollout import RolloutBatch, RolloutStats, Trajectory
 from copes.optimizers.configs import es_config
 from copes.optimizers.es import CoPES, CoPESConfig, centered_ranks
-from copes.optimizers.perturb import Perturbation, WeightSpace
+from copes.weights import Perturbation, WeightSpace
 
 
 def tensors(seed=0):

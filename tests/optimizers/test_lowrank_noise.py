@@ -10,7 +10,7 @@ import torch
 
 from copes.optimizers.configs import CoPESConfig
 from copes.optimizers.es import CoPES
-from copes.optimizers.perturb import Perturbation, Shard, Subspace, WeightSpace
+from copes.weights import Perturbation, Shard, Subspace, WeightSpace
 
 
 def _tensors() -> list[tuple[str, torch.Tensor]]:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from copes.agents.hf.population import LowRankPopulation, StackedModel
-from copes.optimizers.perturb import Perturbation, Subspace, WeightSpace
+from copes.weights import Perturbation, Subspace, WeightSpace
 from tests.optimizers.test_batched_population import _random_model, _rollout
 
 

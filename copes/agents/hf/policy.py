@@ -20,7 +20,8 @@ from copes.agents.policy import ChatGeneration, FinishReason, Generation, Sampli
 
 if TYPE_CHECKING:
     from copes.agents.episodes import EpisodeFeed
-    from copes.optimizers.perturb import WeightSpace
+    from copes.agents.hf.population import HFMemberBatch
+    from copes.weights import WeightSpace
 
 logger = logging.getLogger(__name__)
 
@@ -141,11 +142,20 @@ class HFPolicy(ChatGeneration):
         return supported
 
     def weights(self) -> WeightSpace:
-        from copes.optimizers.perturb import WeightSpace
+        from copes.weights import WeightSpace
 
         if self._weights is None:
             self._weights = WeightSpace.from_module(self.model)
         return self._weights
+
+    def member_batch(
+        self, members: int, rank: int, rows: int, free_bytes: int | None = None
+    ) -> HFMemberBatch:
+        """A step's members in this model's episode loop (`ServesMembers`): N stacked copies,
+        or N rank-`rank` adapters; refused when they do not fit in `free_bytes`."""
+        from copes.agents.hf.population import HFMemberBatch
+
+        return HFMemberBatch(self, members, rank, rows, free_bytes)
 
     def export_model(self) -> Any:
         """The transformers model to `save_pretrained` in a checkpoint: the live one."""

@@ -23,10 +23,11 @@ almost always in float32 (`benchmarks/population_batch.py` reports the fraction)
 
 from __future__ import annotations
 
+import time
 import types
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -34,8 +35,30 @@ from copes.agents.adapters import adapter_targets
 from copes.agents.episodes import EpisodeFeed
 
 if TYPE_CHECKING:
-    from copes.agents.hf.policy import HFPolicy
+    from copes.agents.chat import ChatFormat
     from copes.agents.policy import Generation, SamplingConfig
+    from copes.weights import Perturbation
+
+
+class MemberHost(Protocol):
+    """What a population reads of the policy it batches (`HFPolicy`): declared here so that
+    the backend's policy can build its populations without an import circle."""
+
+    model: Any
+    chat: ChatFormat
+    tokenizer: Any
+    eos_ids: set[int]
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def max_context(self) -> int: ...
+
+    @property
+    def supports_episodes(self) -> bool: ...
+
+    def weights(self) -> Any: ...
 
 
 def _own_parameters(module: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
@@ -392,7 +415,7 @@ class PopulationPolicy:
     supports_episodes = True
 
     def __init__(
-        self, base: HFPolicy, stacked: StackedModel | LowRankPopulation, batch_size: int
+        self, base: MemberHost, stacked: StackedModel | LowRankPopulation, batch_size: int
     ) -> None:
         self.base = base
         self.stacked = stacked
@@ -454,3 +477,101 @@ class PopulationPolicy:
         )  # fmt: skip
         with self.stacked.active():
             return engine.run(feed, threads)
+
+
+# Of the free memory, what the stacked copies may take (the rest: KV caches, activations).
+MEMORY_FRACTION = 0.8
+
+
+def free_memory_bytes(device: torch.device) -> int:
+    """Memory free for new tensors on `device` (CUDA: the driver's count; CPU: MemAvailable)."""
+    import torch
+
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import psutil  # not on Linux: ask psutil (a transformers/accelerate dependency)
+
+    return int(psutil.virtual_memory().available)
+
+
+def check_population_fits(
+    model: Any, members: int, free_bytes: int | None = None, rank: int = 0
+) -> tuple[int, int]:
+    """(bytes the N copies, or with `rank` > 0 the N members' low-rank factors, need; bytes
+    free); raises ValueError when they do not fit."""
+    if rank:
+        need = LowRankPopulation.bytes_needed(model, members, rank)
+        what = f"{members} members' rank-{rank} factors"
+    else:
+        need, what = StackedModel.bytes_needed(model, members), f"{members} copies of the weights"
+    device = next(model.parameters()).device
+    free = free_memory_bytes(device) if free_bytes is None else free_bytes
+    if need > MEMORY_FRACTION * free:
+        gib = 1024**3
+        raise ValueError(
+            f"--population-eval batched holds {what} "
+            f"({need / gib:.2f} GiB) but {device.type} has {free / gib:.2f} GiB free (at most "
+            f"{MEMORY_FRACTION:.0%} of it may go to them); use --population-eval sequential "
+            "or a smaller --population-size"
+        )
+    return need, free
+
+
+class HFMemberBatch:
+    """A step's members in the transformers episode loop (`HFPolicy.member_batch`): N stacked
+    weight copies, or with `rank` > 0 N rank-r adapters on the model's own weights, and the
+    `PopulationPolicy` whose every row computes with its own member. Each member's weights
+    are built exactly as sequential evaluation builds them (the same `WeightSpace.perturb`
+    of the same seed and subspace, copied into its slot, then restored)."""
+
+    def __init__(
+        self, policy: MemberHost, members: int, rank: int, rows: int, free_bytes: int | None
+    ) -> None:
+        if not policy.supports_episodes:
+            raise ValueError(
+                "--population-eval batched runs members in the transformers episode loop, "
+                f"whose KV cache does not support {type(policy.model).__name__} (use "
+                "--population-eval sequential)"
+            )
+        check_population_fits(policy.model, members, free_bytes, rank)
+        self.base, self.members, self.rank = policy, members, rank
+        self.slots: StackedModel | LowRankPopulation = (
+            LowRankPopulation(policy.model, policy.weights(), members, rank)
+            if rank
+            else StackedModel(policy.model, members)
+        )
+        self._policy = PopulationPolicy(policy, self.slots, rows)
+
+    @property
+    def policy(self) -> PopulationPolicy:
+        return self._policy
+
+    def load(self, members: Sequence[Perturbation]) -> list[float]:
+        weights = self.base.weights()
+        seconds = []
+        for slot, member in enumerate(members):
+            start = time.perf_counter()
+            if isinstance(self.slots, LowRankPopulation):  # the adapter: no weight change
+                self.slots.load(slot, weights.low_rank_factors(member))
+            else:
+                weights.perturb(member)
+                try:
+                    self.slots.fill(slot)
+                finally:
+                    weights.restore()
+            seconds.append(time.perf_counter() - start)
+        return seconds
+
+    def unload(self) -> None:
+        """Nothing to do: the slots are refilled from the updated weights next step."""
+
+    def close(self) -> None:
+        """Nothing outside this process."""

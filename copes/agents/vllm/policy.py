@@ -31,6 +31,7 @@ from copes.agents.models import resolve_model_path
 from copes.agents.policy import ChatGeneration, FinishReason, Generation, SamplingConfig
 
 if TYPE_CHECKING:
+    from copes.agents.vllm.population import VLLMLowRankPopulation
     from copes.agents.vllm.weights import VLLMWeights
 
 logger = logging.getLogger(__name__)
@@ -285,6 +286,18 @@ class VLLMPolicy(ChatGeneration):
         if self._weights is None:
             self._weights = VLLMWeights(self)
         return self._weights
+
+    def member_batch(
+        self, members: int, rank: int, rows: int, free_bytes: int | None = None
+    ) -> VLLMLowRankPopulation:
+        """A step's low-rank members as LoRA adapters in one engine batch (`ServesMembers`);
+        vLLM sizes its LoRA buffers itself, inside `gpu_memory_utilization`, so `rows` and
+        `free_bytes` are the engine's business. Full-rank members are refused."""
+        from copes.agents.vllm.population import FULL_RANK_ON_VLLM, VLLMLowRankPopulation
+
+        if not rank:
+            raise ValueError(FULL_RANK_ON_VLLM)
+        return VLLMLowRankPopulation(self, members, rank)
 
     def generate_ids(
         self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig

@@ -19,19 +19,56 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import time
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from copes.agents.adapters import adapter_targets
 from copes.agents.episodes import turn_seed
+from copes.agents.members import check_members
 from copes.agents.vllm.scratch import scratch_dir
 
 if TYPE_CHECKING:
+    from copes.agents.chat import ChatFormat
     from copes.agents.policy import Generation, SamplingConfig
-    from copes.agents.vllm.policy import VLLMPolicy
-    from copes.optimizers.perturb import Perturbation
+    from copes.weights import Perturbation
+
+
+# Why vLLM serves only low-rank members in one batch; `copes-train` (a UserError, before any
+# engine starts) and `VLLMPolicy.member_batch` (a ValueError, for the Python API) both say it.
+FULL_RANK_ON_VLLM = (
+    "--population-eval batched on --backend vllm serves --noise lowrank members as LoRA "
+    "adapters (full-rank members would need N weight copies, which vLLM does not hold): add "
+    "--noise lowrank, or use --population-eval sequential"
+)
+
+
+class AdapterHost(Protocol):
+    """What the LoRA population reads of the engine's policy (`VLLMPolicy`): declared here so
+    that the policy builds its populations without an import circle."""
+
+    llm: Any  # the vllm.LLM
+    chat: ChatFormat
+    tokenizer: Any
+
+    @property
+    def max_context(self) -> int: ...
+
+    def skeleton(self) -> Any: ...
+
+    def weights(self) -> Any: ...
+
+    def new_adapter_id(self) -> int: ...
+
+    def generate_rows(
+        self,
+        prompts: Sequence[Sequence[int]],
+        sampling: SamplingConfig,
+        seeds: Sequence[int | None],
+        adapters: Sequence[Any] | None = None,
+    ) -> list[Generation]: ...
 
 
 def adapter_bytes(skeleton: Any, targets: Sequence[Sequence[str]], rank: int) -> int:
@@ -44,7 +81,7 @@ def adapter_bytes(skeleton: Any, targets: Sequence[Sequence[str]], rank: int) ->
     return 4 * rank * per_rank
 
 
-def lora_capacity(policy: VLLMPolicy) -> tuple[int, int]:
+def lora_capacity(policy: AdapterHost) -> tuple[int, int]:
     """(adapters one batch may hold, their largest rank) of the policy's engine; (0, 0)
     when it was started without LoRA."""
     config = policy.llm.llm_engine.vllm_config.lora_config
@@ -65,7 +102,7 @@ class VLLMLowRankPopulation:
 
     supports_episodes = False  # turn by turn: vLLM schedules the rows itself
 
-    def __init__(self, policy: VLLMPolicy, members: int, rank: int) -> None:
+    def __init__(self, policy: AdapterHost, members: int, rank: int) -> None:
         slots, max_rank = lora_capacity(policy)
         if slots < members or max_rank < rank:
             raise ValueError(
@@ -89,16 +126,20 @@ class VLLMLowRankPopulation:
     def max_context(self) -> int:
         return self.base.max_context
 
-    def load(self, members: Sequence[Perturbation]) -> None:
-        """Slots 0..len(members)-1 <- these members' adapters (the last step's are dropped)."""
+    @property
+    def policy(self) -> VLLMLowRankPopulation:
+        return self  # the engine's adapters hold the members, and this object runs their rows
+
+    def load(self, members: Sequence[Perturbation]) -> list[float]:
+        """Slots 0..len(members)-1 <- these members' adapters (the last step's are dropped);
+        the workers write them all in one call, so each member is given an equal share of its
+        seconds."""
         from vllm.lora.request import LoRARequest
 
         from copes.agents.vllm.worker import encode_perturbation
 
-        if len(members) > self.members:
-            raise ValueError(f"{len(members)} members but room for {self.members}")
-        if any(m.rank != self.rank for m in members):
-            raise ValueError(f"this population serves rank-{self.rank} members only")
+        check_members(self, members)
+        start = time.perf_counter()
         self.unload()
         ids = [self.base.new_adapter_id() for _ in members]
         folders = [str(self._folder / f"member-{ident}") for ident in ids]
@@ -110,6 +151,7 @@ class VLLMLowRankPopulation:
             LoRARequest(f"copes-member-{ident}", ident, folder)
             for ident, folder in zip(ids, written, strict=True)
         ]
+        return [(time.perf_counter() - start) / len(members)] * len(members)
 
     def unload(self) -> None:
         """Drop the loaded adapters from the engine (their slots zeroed: see
@@ -169,4 +211,4 @@ class VLLMLowRankPopulation:
         shutil.rmtree(self._folder, ignore_errors=True)
 
 
-__all__ = ["VLLMLowRankPopulation", "adapter_bytes", "lora_capacity"]
+__all__ = ["FULL_RANK_ON_VLLM", "VLLMLowRankPopulation", "adapter_bytes", "lora_capacity"]

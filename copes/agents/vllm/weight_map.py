@@ -3,7 +3,7 @@
 vLLM fuses Hugging Face tensors (q/k/v into `qkv_proj`, gate/up into `gate_up_proj`, Qwen3.5's
 linear-attention `in_proj_qkv` + `in_proj_z` into the four-part `in_proj_qkvz`, MoE experts into
 `w13_weight` / `w2_weight`), pads the vocabulary and shards everything by tensor parallelism.
-ES/CoPES perturb Hugging Face names and shapes (`copes.optimizers.perturb`), so every HF
+ES/CoPES perturb Hugging Face names and shapes (`copes.weights`), so every HF
 parameter is mapped to a *view* of the engine tensor that holds it and the `Shard` of the
 full HF tensor that view is.
 
@@ -32,7 +32,7 @@ from vllm.model_executor.layers.linear import (
 )
 from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 
-from copes.optimizers.perturb import Shard
+from copes.weights import Shard
 
 Layout = Sequence[tuple[str, Sequence[int]]]  # HF parameter names and full shapes, HF order
 

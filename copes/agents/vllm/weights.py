@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import torch
 
 from copes.agents.vllm.scratch import scratch_dir
-from copes.optimizers.perturb import DEFAULT_CHUNK_SIZE, Perturbation, Shard
+from copes.weights import DEFAULT_CHUNK_SIZE, Perturbation, Shard
 
 
 class EngineHost(Protocol):

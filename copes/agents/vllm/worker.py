@@ -30,7 +30,7 @@ from vllm.model_executor.model_loader import register_model_loader
 from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
 
 from copes.agents.vllm.weight_map import Layout, digest, hf_views, shard_of, tensor_digest
-from copes.optimizers.perturb import Perturbation, Shard, Subspace, WeightSpace
+from copes.weights import Perturbation, Shard, Subspace, WeightSpace
 
 logger = logging.getLogger(__name__)
 

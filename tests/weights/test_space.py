@@ -5,13 +5,13 @@ import math
 import pytest
 import torch
 
-from copes.optimizers.perturb import (
+from copes.seeding import derive_seed
+from copes.weights import (
     KEEP_PARTITION_BYTES,
     Perturbation,
     Shard,
     Subspace,
     WeightSpace,
-    derive_seed,
     sigma_for_subspaces,
 )
 
