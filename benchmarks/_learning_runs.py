@@ -259,13 +259,13 @@ def run_one(spec: RunSpec) -> dict[str, Any]:
         return done
     start, load_at_start = time.perf_counter(), os.getloadavg()
     try:
-        from copes.train import Trainer
+        from copes.train import Trainer, optimizer_config
 
         config = train_config(spec)
         _, overrides = split_settings(spec.settings)
         run_dir = Path(spec.run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
-        trainer = Trainer(config, overrides)
+        trainer = Trainer(config, optimizer_config(config, **overrides))
         # benchmark bookkeeping beside the run (the Trainer has checked the folder: a folder
         # of another run was refused above); one line per part of a run spread over sessions
         with open(run_dir / MACHINES_FILE, "a") as out:

@@ -133,7 +133,7 @@ def measure(optimizer: str, length: int, model: str, episodes: int, population: 
 
     torch.set_num_threads(1)
     from copes.agents.hf import HFPolicy
-    from copes.train import TrainConfig, build_optimizer
+    from copes.train import TrainConfig, build_optimizer, optimizer_config
 
     rss_start = RssSampler.rss()
     policy = HFPolicy.from_pretrained(model, device="cpu")
@@ -146,7 +146,7 @@ def measure(optimizer: str, length: int, model: str, episodes: int, population: 
     else:
         overrides = {"learning_rate": 1e-4, "micro_batch_size": episodes, "group_size": episodes}
     config = TrainConfig(optimizer=optimizer, model=model, steps=1)
-    opt = build_optimizer(config, overrides, policy)
+    opt = build_optimizer(config, optimizer_config(config, **overrides), policy)
     if optimizer in ("es", "copes"):
         policy.weights()  # the fp32 master copy exists from the start of training
     rollout = fixed_length_rollout(policy, length, episodes, seed=0)

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from copes.train import TrainConfig, Trainer
+from copes.train import TrainConfig, Trainer, optimizer_config
 
 
 def make_trainer(args: argparse.Namespace, workers: int, out_dir: str) -> Trainer:
@@ -38,7 +38,7 @@ def make_trainer(args: argparse.Namespace, workers: int, out_dir: str) -> Traine
     )  # fmt: skip
     overrides = {"population_size": args.population_size, "num_subspaces": 2, "sigma": 0.05,
                  "learning_rate": 0.01}  # fmt: skip
-    return Trainer(config, overrides)
+    return Trainer(config, optimizer_config(config, **overrides))
 
 
 def run_mode(args: argparse.Namespace, workers: int) -> dict[str, Any]:

@@ -92,13 +92,14 @@ def grade_state(name: str, run: str, steps: int, data_dir: Path) -> dict[str, An
 
     from copes.envs.rewards.math import grade_answer, is_equivalent
     from copes.run_log import read_jsonl
-    from copes.train import Trainer
+    from copes.train import Trainer, optimizer_config
 
     torch.set_num_threads(int(os.environ.get("COPES_BENCH_THREADS", "2")))
     with tempfile.TemporaryDirectory() as scratch:
         spec = _spec(run, data_dir, Path(scratch) / name)
         _, overrides = split_settings(spec.settings)
-        trainer = Trainer(train_config(spec), overrides)
+        config = train_config(spec)
+        trainer = Trainer(config, optimizer_config(config, **overrides))
         start = time.perf_counter()
         if steps and trainer.optimizer.replays:
             log = read_jsonl(RUNS / "replay" / f"{run}-es_log.jsonl")

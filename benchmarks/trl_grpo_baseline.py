@@ -127,7 +127,7 @@ def run_copes(args: argparse.Namespace) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from copes.run_log import read_jsonl
-    from copes.train import TrainConfig, Trainer
+    from copes.train import TrainConfig, Trainer, optimizer_config
 
     path = _model_dir(args.model)
     with tempfile.TemporaryDirectory() as out:
@@ -138,11 +138,11 @@ def run_copes(args: argparse.Namespace) -> dict[str, Any]:
             eval_every=0, eval_tasks=8, checkpoint_every=0, seed=args.seed,  # its own, unused
             progress=False, report_to="none", temperature=1.0,
         )  # fmt: skip
-        overrides = {
-            "group_size": SHAPE["group_size"], "learning_rate": args.learning_rate,
-            "micro_batch_size": SHAPE["batch_size"] * SHAPE["group_size"],
-        }  # fmt: skip
-        trainer = Trainer(config, overrides)
+        grpo = optimizer_config(
+            config, group_size=SHAPE["group_size"], learning_rate=args.learning_rate,
+            micro_batch_size=SHAPE["batch_size"] * SHAPE["group_size"],
+        )  # fmt: skip
+        trainer = Trainer(config, grpo)
         tokenizer = AutoTokenizer.from_pretrained(path)
         before = _validate(trainer.policy.model, tokenizer, args)
         try:

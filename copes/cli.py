@@ -1,8 +1,10 @@
 """Command lines: `copes-train`.
 
-Every field of `TrainConfig` and of the optimizer configs (`CoPESConfig`, `GRPOConfig`) is a
-flag (`--population-size 40`), with its default and one-line help; `--config FILE` (YAML or
-TOML, same names) sets many at once and flags override it.
+Every field of `TrainConfig` and of the chosen optimizer's config (`CoPESConfig`,
+`GRPOConfig`) is a flag (`--population-size 40`), made by transformers' `HfArgumentParser`
+(the convention TRL's users know) with its default and one-line help; `--config FILE` (YAML or
+TOML, same names) sets many at once and flags override it. Parsing returns the typed
+settings: a `TrainConfig` and the optimizer's own config, nothing else travels.
 """
 
 from __future__ import annotations
@@ -12,92 +14,23 @@ import dataclasses
 import json
 import logging
 import sys
-import types
 import typing
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-SHARED_WITH_TRAIN = {"seed"}  # optimizer fields that take the run's value
-# Other names of a flag: the run folder is --output-dir in copes-eval and in TRL too.
-ALIASES = {"out_dir": ("--output-dir",)}
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Each flag's default once: where its help already says it, it is not added again."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if "(default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
 
 
-def _base_type(annotation: Any) -> Any:
-    args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    if typing.get_origin(annotation) is typing.Literal:
-        return str
-    if args and typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        return _base_type(args[0])
-    return annotation
-
-
-def add_dataclass_flags(
-    parser: argparse.ArgumentParser, cls: type, title: str, skip: set[str] = frozenset()
-) -> list[str]:
-    """One flag per field of `cls` (default None: the dataclass default applies)."""
-    group = parser.add_argument_group(title)
-    hints = typing.get_type_hints(cls)
-    names = []
-    for f in dataclasses.fields(cls):
-        if f.name in skip or any(a.dest == f.name for a in parser._actions):
-            continue
-        kind = _base_type(hints[f.name])
-        default = f.default if f.default is not dataclasses.MISSING else None
-        help_ = f.metadata.get("help", "")
-        # the flag's own default is None (the dataclass default applies): say the real one
-        text = help_ if "default" in help_ else f"{help_} (default: {default})"
-        choices = (
-            typing.get_args(hints[f.name])
-            if typing.get_origin(hints[f.name]) is typing.Literal
-            else None
-        )
-        flag = "--" + f.name.replace("_", "-")
-        if kind is bool:
-            group.add_argument(
-                flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=text
-            )
-        elif typing.get_origin(kind) is tuple:
-            group.add_argument(flag, dest=f.name, nargs="+", default=None, help=text)
-        else:
-            group.add_argument(
-                flag, *ALIASES.get(f.name, ()), dest=f.name, type=kind, default=None,
-                choices=choices, help=text,
-            )  # fmt: skip
-        names.append(f.name)
-    return names
-
-
-def _coerce(action: argparse.Action, value: Any, source: str) -> Any:
-    """A config file's value as its flag would parse it (a YAML string for an int flag is
-    an error naming the setting, never a string that fails somewhere inside the run)."""
-    flag = "/".join(action.option_strings)
-    if value is None:
-        return None
-    if isinstance(action, argparse.BooleanOptionalAction):
-        if not isinstance(value, bool):
-            raise ValueError(f"{source}: {flag} must be true or false, got {value!r}")
-        return value
-    if action.nargs == "+":
-        if not isinstance(value, (list, tuple)):
-            raise ValueError(f"{source}: {flag} must be a list, got {value!r}")
-        return value
-    kind = action.type
-    if kind in (int, float) and (isinstance(value, bool) or not isinstance(value, (int, float))):
-        try:
-            value = kind(value)
-        except (TypeError, ValueError):
-            raise ValueError(
-                f"{source}: {flag} must be {'an integer' if kind is int else 'a number'}, "
-                f"got {value!r}"
-            ) from None
-    if kind is int and isinstance(value, float):
-        if not value.is_integer():
-            raise ValueError(f"{source}: {flag} must be an integer, got {value!r}")
-        value = int(value)
-    if action.choices is not None and value not in action.choices:
-        raise ValueError(f"{source}: {flag} must be one of {list(action.choices)}, got {value!r}")
-    return value
+def _is_bool(annotation: Any) -> bool:
+    return annotation is bool or set(typing.get_args(annotation)) == {bool, type(None)}
 
 
 def read_config_file(path: str) -> dict[str, Any]:
@@ -132,58 +65,144 @@ def read_config_file(path: str) -> dict[str, Any]:
     return {str(k).replace("-", "_"): v for k, v in data.items()}
 
 
-def train_parser(prog: str = "copes-train") -> tuple[argparse.ArgumentParser, list[str], list[str]]:
-    from copes.optimizers.table import OPTIMIZERS
+def _pre_parse(argv: Sequence[str] | None) -> tuple[str | None, dict[str, Any]]:
+    """(`--config` file, its settings): read before the parser is made, since the optimizer
+    it names decides which flags exist."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config")
+    known, _ = pre.parse_known_args(argv)
+    return known.config, read_config_file(known.config) if known.config else {}
+
+
+def _optimizer_named(argv: Sequence[str] | None, settings: dict[str, Any]) -> str:
+    """--optimizer from the command line, else the config file, else TrainConfig's default."""
     from copes.train import TrainConfig
 
-    parser = argparse.ArgumentParser(
-        prog=prog,
-        description="Post-train a tool-using agent with ES, CoPES, GRPO or LoRA-GRPO.",
-    )
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--optimizer")
+    known, _ = pre.parse_known_args(argv)
+    default = next(f.default for f in dataclasses.fields(TrainConfig) if f.name == "optimizer")
+    return str(known.optimizer or settings.get("optimizer") or default)
+
+
+def train_parser(optimizer: str = "copes", prog: str = "copes-train") -> Any:
+    """The `HfArgumentParser` of `copes-train --optimizer OPTIMIZER`: the run's flags and this
+    optimizer's (its table defaults shown), plus --config, --dry-run, --verbose, --debug.
+
+    transformers is imported for it (about 1.5 s, no torch); `--help` pays that once.
+    """
+    from transformers import HfArgumentParser
+
+    from copes.optimizers.table import OPTIMIZERS, get_optimizer
+    from copes.train import TrainConfig
+
+    spec = get_optimizer(optimizer)
+    others = ", ".join(f"--optimizer {name} --help" for name in OPTIMIZERS if name != optimizer)
+    # The optimizer's `seed` is the run's: the run's --seed, added second, replaces it
+    # (conflict_handler="resolve"), and both configs are built from the one value.
+    parser = HfArgumentParser(
+        (spec.config, TrainConfig), prog=prog, conflict_handler="resolve",
+        formatter_class=_HelpFormatter,
+        description="Post-train a tool-using agent with ES, CoPES, GRPO or LoRA-GRPO. The "
+        f"optimizer flags below are --optimizer {optimizer}'s ({spec.summary}); see {others}.",
+    )  # fmt: skip
+    # HfArgumentParser gives a --no-X only to a flag that defaults to true; copes-train has
+    # always taken --no-X for every switch (--no-lora, --no-enable-thinking).
+    groups = {g.title: g for g in parser._action_groups}
+    for config in (spec.config, TrainConfig):
+        hints = typing.get_type_hints(config)
+        switches = [f.name for f in dataclasses.fields(config)
+                    if _is_bool(hints[f.name]) and f.default is not True]  # fmt: skip
+        for name in switches:
+            flag = name.replace("_", "-")
+            groups[config._argument_group_name].add_argument(
+                f"--no-{flag}", dest=name, action="store_false", default=argparse.SUPPRESS,
+                help=f"--{flag} false",
+            )  # fmt: skip
+    parser.set_defaults(**spec.defaults, **spec.fixed)  # plain ES's N = 30, K = 1: shown
     parser.add_argument("--config", help="YAML or TOML file of settings (flags override it)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and memory, exit")
     parser.add_argument("--verbose", action="store_true", help="debug logging")
     parser.add_argument(
         "--debug", action="store_true", help="show the traceback of a user error too"
     )
-    train_names = add_dataclass_flags(parser, TrainConfig, "run")
-    optimizer_names: list[str] = []
-    groups: dict[type, list[str]] = {}  # one flag group per config, titled by its optimizers
-    for spec in OPTIMIZERS.values():
-        groups.setdefault(spec.config, []).append(spec.name)
-    for config, names in groups.items():
-        title = " / ".join(names) + " (only with --optimizer " + " or ".join(names) + ")"
-        optimizer_names += add_dataclass_flags(parser, config, title, SHARED_WITH_TRAIN)
-    return parser, train_names, optimizer_names
+    return parser
+
+
+def _file_value(name: str, annotation: Any, value: Any, source: str) -> Any:
+    """A config file's value as its flag would parse it (a YAML string for an int flag is
+    an error naming the setting, never a string that fails somewhere inside the run)."""
+    flag = "--" + name.replace("_", "-")
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if value is None:
+        return None
+    if _is_bool(annotation):
+        if not isinstance(value, bool):
+            raise ValueError(f"{source}: {flag} must be true or false, got {value!r}")
+        return value
+    if typing.get_origin(annotation) is list:
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"{source}: {flag} must be a list, got {value!r}")
+        return list(value)
+    if typing.get_origin(annotation) is typing.Literal:
+        if value not in args:
+            raise ValueError(f"{source}: {flag} must be one of {args}, got {value!r}")
+        return value
+    kind = args[0] if args else annotation
+    if kind in (int, float):
+        what = "an integer" if kind is int else "a number"
+        try:
+            if isinstance(value, bool):
+                raise TypeError
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{source}: {flag} must be {what}, got {value!r}") from None
+        if kind is int:
+            if not number.is_integer():
+                raise ValueError(f"{source}: {flag} must be an integer, got {value!r}")
+            return int(number)
+        return number
+    return value
 
 
 def parse_train_args(
     argv: Sequence[str] | None, prog: str = "copes-train"
-) -> tuple[Any, dict[str, Any], argparse.Namespace]:
+) -> tuple[Any, Any, argparse.Namespace]:
+    """(`TrainConfig`, the optimizer's config, the command's own switches) of a command
+    line; a flag of another optimizer is an error naming it."""
+    from copes.optimizers.table import OPTIMIZERS, get_optimizer
     from copes.train import TrainConfig
 
-    parser, train_names, optimizer_names = train_parser(prog)
-    args = parser.parse_args(argv)
-    settings = read_config_file(args.config) if args.config else {}
-    unknown = set(settings) - set(train_names) - set(optimizer_names)
+    source, settings = _pre_parse(argv)
+    spec = get_optimizer(_optimizer_named(argv, settings))
+    parser = train_parser(spec.name, prog)
+    hints = {**typing.get_type_hints(spec.config), **typing.get_type_hints(TrainConfig)}
+    every = {name for s in OPTIMIZERS.values() for name in s.flags()}
+    unknown = set(settings) - set(hints) - every
     if unknown:
-        parser.error(f"unknown setting(s) in {args.config}: {', '.join(sorted(unknown))}")
-    actions = {a.dest: a for a in parser._actions}
-    settings = {k: _coerce(actions[k], v, args.config) for k, v in settings.items()}
-    for name in train_names + optimizer_names:
-        value = getattr(args, name)
-        if value is not None:
-            settings[name] = value
-    train = {k: v for k, v in settings.items() if k in train_names}
-    optimizer = {k: v for k, v in settings.items() if k in optimizer_names and k not in train_names}
-    for name in ("learning_rate",):  # shared names land with the optimizer
-        if name in settings:
-            optimizer[name] = settings[name]
-    config = TrainConfig(**train)
-    from copes.train import optimizer_config
-
-    optimizer_config(config, optimizer)  # a flag this optimizer does not use fails now
-    return config, optimizer, args
+        parser.error(f"unknown setting(s) in {source}: {', '.join(sorted(unknown))}")
+    spec.refuse_unused(set(settings) - set(typing.get_type_hints(TrainConfig)))
+    parser.set_defaults(
+        **{k: _file_value(k, hints[k], v, str(source)) for k, v in settings.items()}
+    )
+    # Not `parse_args_into_dataclasses`: it hands each name to one dataclass only, and the
+    # run and its optimizer share --seed.
+    namespace, rest = parser.parse_known_args(argv)
+    values = vars(namespace)
+    flags = [a.split("=", 1)[0] for a in rest if a.startswith("--")]
+    theirs = {f"--{n.replace('_', '-')}": n for n in every} | {f"--{n}": n for n in every}
+    spec.refuse_unused(theirs[f] for f in flags if f in theirs)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    config = TrainConfig(**{f.name: values.pop(f.name) for f in dataclasses.fields(TrainConfig)})
+    optimizer = spec.config(
+        **{
+            f.name: config.seed if f.name == "seed" else values.pop(f.name)
+            for f in dataclasses.fields(spec.config)
+        }
+    )
+    spec.check(optimizer)
+    return config, optimizer, argparse.Namespace(**values)
 
 
 def vllm_slot_rank(rank: int) -> int | None:
@@ -198,7 +217,7 @@ def vllm_slot_rank(rank: int) -> int | None:
     return lora_slot_rank(rank)
 
 
-def dry_run(config: Any, optimizer_overrides: dict[str, Any]) -> dict[str, Any]:
+def dry_run(config: Any, optimizer: Any) -> dict[str, Any]:
     """The plan: settings, the model's shape, and the theoretical memory of each optimizer.
 
     Any decoder transformers builds as a causal LM: the shape comes from its config alone,
@@ -219,12 +238,10 @@ def dry_run(config: Any, optimizer_overrides: dict[str, Any]) -> dict[str, Any]:
     estimates = compare_optimizers(shape, seq_len, generation_batch_size=config.batch_size)
     if config.population_eval == "batched":  # the run's own optimizer, N copies in one batch
         from copes.memory import estimate_memory
-        from copes.train import lora_population, optimizer_config
+        from copes.train import lora_population
 
-        lora_population(config, optimizer_overrides)  # refused as the run would refuse it
-
-        opt_config = optimizer_config(config, optimizer_overrides)
-        size, rank = opt_config.population_size, opt_config.perturbation_rank
+        lora_population(config, optimizer)  # refused as the run would refuse it
+        size, rank = optimizer.population_size, optimizer.perturbation_rank
         noise = f", --noise lowrank r={rank}" if rank else ""
         slot_rank = rank
         if config.backend == "vllm":  # vLLM's LoRA slots have its padded rank
@@ -246,7 +263,7 @@ def dry_run(config: Any, optimizer_overrides: dict[str, Any]) -> dict[str, Any]:
     }
     plan = {
         "train": public_settings(config),
-        "optimizer_overrides": optimizer_overrides,
+        "optimizer": dataclasses.asdict(optimizer),
         # counted on the meta device; layer types, window, linear state, experts (if any)
         "model": {
             "path": path,
@@ -271,17 +288,17 @@ def train_main(argv: Sequence[str] | None = None, prog: str = "copes-train") -> 
 
 
 def _train(argv: Sequence[str] | None, prog: str = "copes-train") -> int:
-    config, optimizer_overrides, args = parse_train_args(argv, prog)
+    config, optimizer, args = parse_train_args(argv, prog)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     if args.dry_run:
-        dry_run(config, optimizer_overrides)
+        dry_run(config, optimizer)
         return 0
     from copes.train import Trainer
 
-    trainer = Trainer(config, optimizer_overrides)
+    trainer = Trainer(config, optimizer)
     try:
         summary = trainer.run()
     finally:

@@ -133,8 +133,8 @@ def test_worker_sigkilled_mid_step_is_replaced_and_the_result_is_unchanged(
     local_ray, reference, tiny, tmp_path
 ):
     out = tmp_path / "killed"
-    config, overrides, _ = parse_train_args([*RUN, *tiny, "--workers", "2", "--out-dir", str(out)])
-    trainer = Trainer(config, overrides)
+    config, optimizer, _ = parse_train_args([*RUN, *tiny, "--workers", "2", "--out-dir", str(out)])
+    trainer = Trainer(config, optimizer)
     seen: dict = {}
 
     def kill_a_worker_during_step_1() -> None:
@@ -168,9 +168,9 @@ def test_worker_sigkilled_mid_step_is_replaced_and_the_result_is_unchanged(
 def test_rebuild_from_the_initial_model_and_diverged_replicas_are_an_error(
     local_ray, reference, tiny, tmp_path
 ):
-    config, overrides, _ = parse_train_args([*RUN, *tiny, "--workers", "2", "--out-dir",
+    config, optimizer, _ = parse_train_args([*RUN, *tiny, "--workers", "2", "--out-dir",
                                              str(tmp_path / "run")])  # fmt: skip
-    trainer = Trainer(config, overrides)
+    trainer = Trainer(config, optimizer)
     population = trainer.evaluator  # Ray and the actors start on the first step
     try:
         first = trainer.optimizer.step(trainer.policy, trainer.train_rollout)

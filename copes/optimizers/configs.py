@@ -7,19 +7,28 @@ planner and the docs read them without importing torch: ``copes-train --help`` i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 Schedule = Literal["constant", "linear", "cosine"]
 
 
-def flag(help: str, default: Any) -> Any:
-    """A config dataclass field that is also a `copes-train` flag with this help text."""
-    return field(default=default, metadata={"help": help})
+def flag(help: str, default: Any, aliases: tuple[str, ...] = ()) -> Any:
+    """A config dataclass field that is also a `copes-train` flag with this help text (and
+    other names, `aliases`), as `transformers.HfArgumentParser` reads it. A list default is
+    given to each instance as its own copy."""
+    metadata: dict[str, Any] = {"help": help}
+    if aliases:
+        metadata["aliases"] = list(aliases)
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 @dataclass
 class CoPESConfig:
     """CoPES hyper-parameters (each is a `copes-train` flag). Defaults: the paper's best K=4."""
+
+    _argument_group_name: ClassVar[str] = "ES / CoPES (--optimizer es or copes)"
 
     population_size: int = flag("N: perturbed models per step (paper ablations: 40)", default=40)
     num_subspaces: int = flag("K: subspaces per step (paper's best: 4; 1 = plain ES)", default=4)
@@ -92,6 +101,11 @@ class CoPESConfig:
     def members_per_subspace(self) -> int:
         return self.population_size // self.num_subspaces
 
+    @property
+    def samples_per_task(self) -> int:
+        """Trajectories of each task a step rolls out: ES scores each member on a task once."""
+        return 1
+
 
 # Plain ES is CoPES with one subspace and Qiu et al.'s population (sigma and alpha agree).
 ES_DEFAULTS: dict[str, Any] = {"population_size": 30, "num_subspaces": 1}
@@ -110,6 +124,8 @@ _STRUCTURAL = ("lora", "lora_rank", "lora_alpha", "lora_target_modules", "gradie
 @dataclass
 class GRPOConfig:
     """GRPO hyper-parameters (each is a `copes-train` flag)."""
+
+    _argument_group_name: ClassVar[str] = "GRPO / LoRA-GRPO (--optimizer grpo or lora-grpo)"
 
     group_size: int = flag("G: samples per task; advantages are relative to the group", default=8)
     learning_rate: float = flag(
@@ -141,19 +157,20 @@ class GRPOConfig:
         "optimizer steps on each rollout batch (PPO epochs; old log-probs = rollout's)", 1
     )
     weight_decay: float = flag("AdamW decoupled weight decay", default=0.0)
-    adam_betas: tuple[float, float] = flag("AdamW (beta1, beta2)", default=(0.9, 0.999))
+    adam_betas: list[float] = flag("AdamW (beta1, beta2)", default=[0.9, 0.999])
     gradient_checkpointing: bool = flag("recompute activations in backward (less memory)", False)
     lora: bool = flag("train a LoRA adapter (peft) instead of every weight", default=False)
     lora_rank: int = flag("LoRA rank r", default=16)
     lora_alpha: float = flag("LoRA alpha (the update is scaled by alpha / r)", default=32.0)
     lora_dropout: float = flag("dropout on the LoRA input", default=0.0)
-    lora_target_modules: tuple[str, ...] = flag(
-        "module names that get an adapter (attention and MLP projections)", default=LORA_TARGETS
+    lora_target_modules: list[str] = flag(
+        "module names that get an adapter (attention and MLP projections)",
+        default=list(LORA_TARGETS),
     )
 
     def __post_init__(self) -> None:
-        self.adam_betas = tuple(self.adam_betas)
-        self.lora_target_modules = tuple(self.lora_target_modules)
+        self.adam_betas = [float(b) for b in self.adam_betas]
+        self.lora_target_modules = list(self.lora_target_modules)
         if self.group_size < 2:
             raise ValueError(
                 f"group_size must be >= 2 (advantages are relative to the group), got "
@@ -195,6 +212,11 @@ class GRPOConfig:
             raise ValueError(f"lora_dropout must be in [0, 1), got {self.lora_dropout}")
         if self.lora and not self.lora_target_modules:
             raise ValueError("lora_target_modules is empty: name the modules that get an adapter")
+
+    @property
+    def samples_per_task(self) -> int:
+        """Trajectories of each task a step rolls out: the group advantages compare."""
+        return self.group_size
 
     @property
     def clip_high(self) -> float:

@@ -154,13 +154,13 @@ class CoPES:
     the members one after another in this process, on the policy and rollout `step` gets.
     """
 
-    samples_per_task = 1  # ES scores each member on the batch's tasks once
     replays = True  # a step is its seeds and rewards: the log re-applies it exactly
 
     def __init__(
         self, config: CoPESConfig | None = None, evaluator: PopulationEvaluator | None = None
     ) -> None:
         self.config = config or CoPESConfig()
+        self.samples_per_task = self.config.samples_per_task
         self.step_count = 0
         self.evaluator = evaluator
 

@@ -152,7 +152,7 @@ class GRPO:
         self.optimizer = torch.optim.AdamW(
             self.params,
             lr=config.learning_rate,
-            betas=config.adam_betas,
+            betas=tuple(config.adam_betas),
             weight_decay=config.weight_decay,
         )
         pad = policy.tokenizer.pad_token_id
@@ -355,7 +355,7 @@ class GRPO:
 
     @property
     def samples_per_task(self) -> int:
-        return self.config.group_size  # G samples per task: the group advantages are over
+        return self.config.samples_per_task
 
     # ------------------------------------------------------------------ weights in and out
     def export_model(self, policy: Policy) -> Any:

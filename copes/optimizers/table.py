@@ -8,7 +8,7 @@ and the memory planner run without torch).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
@@ -48,34 +48,45 @@ class OptimizerSpec:
     # builds the algorithm from (its config, the run's policy, the population evaluator)
     build: Callable[..., Any] = build_copes
     summary: str = ""
-    # Which TrainConfig field sets the training rollouts' temperature (ES scores greedily,
-    # Qiu et al.; GRPO samples), and whether it trains by gradients (a vLLM run then keeps a
-    # trainable transformers copy).
-    rollout_temperature: str = "es_temperature"
+    # Whether it trains by gradients: its training rollouts sample at the run's temperature
+    # (ES scores at --es-temperature, greedy by default: Qiu et al.) and a vLLM run keeps a
+    # trainable transformers copy.
     gradients: bool = False
-    # Trajectories of each task a step rolls out (GRPO's group; ES scores each task once).
-    samples_per_task: Callable[[Any], int] = lambda config: 1
 
     def flags(self) -> set[str]:
         return {f.name for f in fields(self.config)}
 
-    def make_config(self, settings: Mapping[str, Any]) -> Any:
-        """Its config from `settings` (CLI flags); a setting it does not use is an error."""
-        unused = sorted(set(settings) - self.flags())
+    def make_config(self, **settings: Any) -> Any:
+        """Its config: its defaults, then `settings`; a setting it does not use is an error."""
+        self.refuse_unused(settings)
+        config = self.config(**{**self.defaults, **settings, **self.fixed})
+        self.check(config)
+        return config
+
+    def refuse_unused(self, names: Iterable[str]) -> None:
+        """Settings (flags) that are not this optimizer's are an error naming them."""
+        unused = sorted(set(names) - self.flags())
         if unused:
-            names = ", ".join("--" + name.replace("_", "-") for name in unused)
+            flags = ", ".join("--" + name.replace("_", "-") for name in unused)
             raise ValueError(
-                f"{names}: not a setting of --optimizer {self.name} ({self.summary}); drop "
+                f"{flags}: not a setting of --optimizer {self.name} ({self.summary}); drop "
                 f"{'it' if len(unused) == 1 else 'them'} or choose the optimizer that uses it"
             )
-        clash = {k: v for k, v in settings.items() if k in self.fixed and v != self.fixed[k]}
-        if clash:
-            name = next(iter(clash))
+
+    def check(self, config: Any) -> None:
+        """`config` is this optimizer's: its dataclass, with the values that make it this one
+        (LoRA-GRPO's adapter)."""
+        if not isinstance(config, self.config):
             raise ValueError(
-                f"--optimizer {self.name} always has {name} = {self.fixed[name]!r}; drop "
-                f"--{name.replace('_', '-')} (or pick another optimizer)"
+                f"--optimizer {self.name} takes a {self.config.__name__}, got "
+                f"{type(config).__name__}"
             )
-        return self.config(**{**self.defaults, **settings, **self.fixed})
+        for name, value in self.fixed.items():
+            if getattr(config, name) != value:
+                raise ValueError(
+                    f"--optimizer {self.name} always has {name} = {value!r}; drop "
+                    f"--{name.replace('_', '-')} (or pick another optimizer)"
+                )
 
 
 OPTIMIZERS: dict[str, OptimizerSpec] = {
@@ -90,13 +101,11 @@ OPTIMIZERS: dict[str, OptimizerSpec] = {
         ),
         OptimizerSpec(
             "grpo", GRPOConfig, build=build_grpo, summary="group-relative policy gradient",
-            rollout_temperature="temperature", gradients=True,
-            samples_per_task=lambda config: config.group_size,
+            gradients=True,
         ),
         OptimizerSpec(
             "lora-grpo", GRPOConfig, fixed={"lora": True}, build=build_grpo,
-            summary="GRPO on a LoRA adapter", rollout_temperature="temperature",
-            gradients=True, samples_per_task=lambda config: config.group_size,
+            summary="GRPO on a LoRA adapter", gradients=True,
         ),
     )
 }  # fmt: skip

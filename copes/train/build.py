@@ -156,27 +156,28 @@ def ray_population(
 
 def build_optimizer(
     config: TrainConfig,
-    overrides: dict[str, Any],
+    optimizer: Any,
     policy: Policy,
     evaluator: PopulationEvaluator | None = None,
 ) -> Optimizer:
-    """The optimizer named in `config` (`copes.optimizers.table`), its config built from
-    `overrides` (CLI flags; a flag it does not use is an error naming it), scoring its
-    population with `evaluator` (`build_evaluator`)."""
+    """The optimizer named in `config` (`copes.optimizers.table`) from its own config
+    (`optimizer_config`, or the command line's), scoring its population with `evaluator`
+    (`build_evaluator`)."""
     spec = get_optimizer(config.optimizer)
-    return spec.build(optimizer_config(config, overrides), policy, evaluator)
+    spec.check(optimizer)
+    return spec.build(optimizer, policy, evaluator)
 
 
-def optimizer_config(config: TrainConfig, overrides: dict[str, Any]) -> Any:
-    """The optimizer's own config: its table defaults, the run's seed, then the flags."""
+def optimizer_config(config: TrainConfig, **settings: Any) -> Any:
+    """The run's optimizer config for the Python API: its table defaults (plain ES's N = 30,
+    K = 1), the run's seed, then `settings`; a setting it does not use is an error."""
     spec = get_optimizer(config.optimizer)
-    settings = dict(overrides)
     if "seed" in spec.flags():
         settings.setdefault("seed", config.seed)
-    return spec.make_config(settings)
+    return spec.make_config(**settings)
 
 
-def lora_population(config: TrainConfig, overrides: dict[str, Any]) -> tuple[int, int] | None:
+def lora_population(config: TrainConfig, optimizer: Any) -> tuple[int, int] | None:
     """(members, rank) the vLLM engine must serve as LoRA adapters for a batched population
     (`--backend vllm --population-eval batched`), else None; refuses full-rank members
     there, before any engine starts."""
@@ -185,9 +186,8 @@ def lora_population(config: TrainConfig, overrides: dict[str, Any]) -> tuple[int
     )
     if not batched or config.backend != "vllm":
         return None
-    opt_config = optimizer_config(config, overrides)
-    if not opt_config.perturbation_rank:
+    if not optimizer.perturbation_rank:
         from copes.agents.vllm.population import FULL_RANK_ON_VLLM
 
         raise UserError(FULL_RANK_ON_VLLM)
-    return opt_config.population_size, opt_config.perturbation_rank
+    return optimizer.population_size, optimizer.perturbation_rank

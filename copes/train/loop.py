@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -45,11 +45,30 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class Trainer:
+    """One run: built from its typed settings, then `run()`.
+
+    Args:
+        config: the run's settings.
+        optimizer_settings: the optimizer's own config (`CoPESConfig`, `GRPOConfig`: parsed
+            from the command line, or `copes.train.optimizer_config(config, ...)`); None: its
+            table defaults with the run's seed.
+    """
+
     config: TrainConfig
-    optimizer_overrides: dict[str, Any] = field(default_factory=dict)
+    optimizer_settings: Any = None
 
     def __post_init__(self) -> None:
         c = self.config
+        if self.optimizer_settings is None:
+            self.optimizer_settings = optimizer_config(c)
+        opt_config = self.optimizer_settings
+        spec = get_optimizer(c.optimizer)
+        spec.check(opt_config)  # before anything is built
+        if "seed" in spec.flags() and opt_config.seed != c.seed:
+            raise ValueError(
+                f"the optimizer's seed ({opt_config.seed}) is not the run's ({c.seed}): ES's "
+                "noise and the run's tasks share one seed (copes.train.optimizer_config sets it)"
+            )
         self.run_dir = Path(c.out_dir)
         from copes.errors import check_device
 
@@ -74,18 +93,17 @@ class Trainer:
         import torch
 
         torch.manual_seed(c.seed)
-        self.policy = build_policy(c, lora_population(c, self.optimizer_overrides))
+        self.policy = build_policy(c, lora_population(c, opt_config))
         from copes.agents.chat import resolve_call_format
 
         self.call_format = resolve_call_format(c.call_format, self.policy.chat)
         make_env = env_factory(c, self.call_format)
-        spec = get_optimizer(c.optimizer)
-        opt_config = optimizer_config(c, self.optimizer_overrides)
-        samples = spec.samples_per_task(opt_config)
-        temperature = getattr(c, spec.rollout_temperature)
-        sampling = SamplingConfig(c.max_new_tokens, temperature=temperature, top_p=c.top_p)
+        sampling = SamplingConfig(
+            c.max_new_tokens, temperature=c.rollout_temperature, top_p=c.top_p
+        )
         make_train_rollout = partial(
-            TaskRollout, make_env, train_tasks, c.batch_size, samples, sampling, c.seed,
+            TaskRollout, make_env, train_tasks, c.batch_size, opt_config.samples_per_task,
+            sampling, c.seed,
             c.same_batch, c.max_context,
         )  # fmt: skip
         self.train_rollout = make_train_rollout()
@@ -105,7 +123,7 @@ class Trainer:
             c, opt_config, self.policy, self.train_rollout, make_train_rollout, self.run_dir,
             served,
         )  # fmt: skip
-        self.optimizer = build_optimizer(c, self.optimizer_overrides, self.policy, self.evaluator)
+        self.optimizer = build_optimizer(c, opt_config, self.policy, self.evaluator)
         self.folder = RunFolder(self.run_dir, c, self.optimizer, self.demonstration_messages)
         if self.server is not None:
             from copes.serve import ServedRollout

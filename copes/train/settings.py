@@ -4,7 +4,7 @@ built), what may change on `--resume`, and the env/benchmark defaults."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from copes.optimizers.configs import flag
 from copes.optimizers.table import OPTIMIZERS as OPTIMIZER_TABLE
@@ -31,6 +31,8 @@ DEFAULT_BENCHMARKS = {"ToolMath-v0": "synthetic-math", "ToolQA-v0": "synthetic-q
 class TrainConfig:
     """Run settings (each is a `copes-train` flag); optimizer settings live in their configs."""
 
+    _argument_group_name: ClassVar[str] = "run"
+
     optimizer: str = flag("es, copes, grpo or lora-grpo", "copes")
     env: str | None = flag(
         "Gymnasium id of a copes ToolEnv: ToolMath-v0, ToolQA-v0, or any registered id "
@@ -41,7 +43,7 @@ class TrainConfig:
         "JSON object for the env's factory, e.g. '{\"python_timeout\": 5}'", None
     )
     model: str = flag("'tiny', a local Hugging Face folder or a hub id", "tiny")
-    out_dir: str = flag("run folder: metrics, checkpoints, logs", "runs/copes")
+    out_dir: str = flag("run folder: metrics, checkpoints, logs", "runs/copes", ("--output-dir",))
     benchmark: str | None = flag(
         "training data: a registered benchmark (copes.registry: gsm8k, rg:<dataset>, another "
         "package's) (default: the env's synthetic tasks, or the one benchmark registered "
@@ -230,6 +232,13 @@ class TrainConfig:
                     "--population-eval batched runs the whole population in this process: use "
                     "--workers 0 (or --population-eval sequential)"
                 )
+
+    @property
+    def rollout_temperature(self) -> float:
+        """The training rollouts' temperature: a gradient method (GRPO) samples at
+        `temperature`; ES scores its members at `es_temperature` (greedy by default, Qiu et
+        al.)."""
+        return self.temperature if get_optimizer(self.optimizer).gradients else self.es_temperature
 
     def _check_harness(self) -> None:
         if self.workers:

@@ -251,9 +251,8 @@ def test_config_file_and_dry_run(tmp_path, tiny, capsys):
     config.write_text("optimizer: es\npopulation-size: 6\nsteps: 3\n")
     assert train_main(["--config", str(config), *tiny, "--dry-run"]) == 0
     plan = json.loads(capsys.readouterr().out)
-    assert (
-        plan["train"]["optimizer"] == "es" and plan["optimizer_overrides"]["population_size"] == 6
-    )
+    assert plan["train"]["optimizer"] == "es"
+    assert (plan["optimizer"]["population_size"], plan["optimizer"]["num_subspaces"]) == (6, 1)
     memory = plan["memory_bytes"]
     assert {"es", "copes", "grpo", "lora-grpo"} <= set(memory)
     assert memory["grpo"]["optimizer_states"] > 0 == memory["copes"]["optimizer_states"]

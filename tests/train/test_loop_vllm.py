@@ -88,8 +88,8 @@ def test_grpo_on_vllm_trains_the_transformers_copy_and_syncs_the_engine(tmp_path
     grpo = [*FAST, "--model", str(tiny_agent_dir), "--optimizer", "grpo", "--steps", "1",
             "--group-size", "2", "--learning-rate", "1e-3", "--backend", "vllm",
             "--out-dir", str(tmp_path / "grpo")]  # fmt: skip
-    config, overrides, _ = parse_train_args(grpo)
-    trainer = Trainer(config, overrides)
+    config, optimizer, _ = parse_train_args(grpo)
+    trainer = Trainer(config, optimizer)
     try:
         trainer.run()
         policy = trainer.policy
