@@ -47,7 +47,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol
 
 from copes.agents.policy import Generation, Policy, SamplingConfig
 
@@ -225,7 +225,6 @@ class EpisodeFeed:
 # What a policy may declare to the loop: its own episode loop, a population's rows
 
 
-@runtime_checkable
 class EpisodeRunner(Protocol):
     """An optional capability: whole multi-turn episodes in one call, in the policy's own
     continuous-batching loop (`HFPolicy`; a population policy, which serves only through
@@ -258,18 +257,16 @@ class EpisodeRunner(Protocol):
         ...
 
 
-@runtime_checkable
 class EpisodePolicy(Policy, EpisodeRunner, Protocol):
     """A `Policy` that runs whole episodes in its own loop (`EpisodeRunner`)."""
 
 
-def runs_episodes(policy: Any) -> bool:
-    """Whether `policy` runs whole episodes in its own loop now (an `EpisodeRunner` whose
-    `supports_episodes` is true): the typed test every rollout path asks."""
-    return isinstance(policy, EpisodeRunner) and bool(policy.supports_episodes)
+def runs_episodes(policy: Policy) -> bool:
+    """Whether `policy` runs whole episodes in its own loop now (it declares
+    `supports_episodes`: an `EpisodeRunner`), the one question every rollout path asks."""
+    return bool(policy.supports_episodes)
 
 
-@runtime_checkable
 class PopulationRows(Protocol):
     """A population served as one policy: each row of the next rollout computes with its
     member (`copes.agents.hf.population.PopulationPolicy`, the vLLM LoRA population)."""
@@ -284,7 +281,6 @@ class PopulationRows(Protocol):
         ...
 
 
-@runtime_checkable
 class TurnPopulation(PopulationRows, Protocol):
     """A population that runs turn by turn (vLLM schedules rows itself): one call per turn
     over the unfinished episodes, each row sampling as its member alone would."""
@@ -422,7 +418,7 @@ def _turn_by_turn(
     ready: dict[int, list[int]] = {}  # episode -> its next prompt
     turn_of: dict[int, int] = {}  # episode -> the turn it plays next
     pending: dict[int, tuple[Future, list[int]]] = {}  # after_turn running: (its future, seq)
-    population = isinstance(policy, TurnPopulation)
+    population = policy.serves_members  # a `TurnPopulation`: it says so
     after, spent = _timed_after_turn(drivers)
 
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(drivers)))) as pool:

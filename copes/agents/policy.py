@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
     from copes.agents.chat import ChatFormat
@@ -70,9 +70,13 @@ class Generation:
 
 class ChatGeneration:
     """`Policy.generate` for every backend: the conversation through the policy's own
-    `ChatFormat` (its chat template), then one batched `generate_ids` call."""
+    `ChatFormat` (its chat template), then one batched `generate_ids` call; and the
+    capabilities a plain policy declares (none: it is told otherwise by its backend)."""
 
     chat: ChatFormat
+    supports_episodes: bool = False
+    serves_members: bool = False
+    trainable: bool = False
 
     def generate_ids(
         self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig
@@ -125,12 +129,20 @@ class Weights(Protocol):
     def memory_bytes(self) -> int: ...
 
 
-@runtime_checkable
 class Policy(Protocol):
-    """What optimizers, rollouts, evaluations and the trainer need from a model backend."""
+    """What optimizers, rollouts, evaluations and the trainer need from a model backend.
+
+    What a policy can do beyond generating is declared, never probed: `supports_episodes`
+    (whole episodes in its own loop: `copes.agents.episodes.EpisodeRunner`),
+    `serves_members` (a population: each row computes with its own member, told by
+    `assign`: `PopulationRows`), `trainable` (GRPO trains it: `TrainablePolicy`).
+    """
 
     chat: ChatFormat  # conversation <-> token ids, with the model's chat template
     tokenizer: Any  # saved with every checkpoint
+    supports_episodes: bool
+    serves_members: bool
+    trainable: bool
 
     def generate_ids(
         self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig
@@ -174,7 +186,6 @@ class Policy(Protocol):
         ...
 
 
-@runtime_checkable
 class TrainablePolicy(Policy, Protocol):
     """A policy whose weights gradient methods (GRPO) train: a torch module they own.
 

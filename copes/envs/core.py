@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any, ClassVar, TypedDict
 
 import gymnasium as gym
@@ -229,7 +229,7 @@ class ToolEnv(gym.Env[str, str]):
     # ------------------------------------------------------------------ episode rules
     def set_rules(self, rules: EpisodeRules) -> None:
         """Take `rules`' values that are set (None: keep this env's); from the next episode."""
-        changes = {f.name: v for f in fields(rules) if (v := getattr(rules, f.name)) is not None}
+        changes = {name: v for name, v in asdict(rules).items() if v is not None}
         self.rules = replace(self.rules, **changes)
 
     # An env's own rules always hold every value (the constructor sets them all).

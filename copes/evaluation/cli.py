@@ -292,7 +292,7 @@ def report_results(report: Any, out: Path, args: argparse.Namespace) -> None:
     """Each benchmark's pass@k, mean@n and maj@n to the --report-to reporters (step 0)."""
     from copes.reporting import open_reporters, parse_report_to
 
-    names = parse_report_to(getattr(args, "report_to", None))
+    names = parse_report_to(args.report_to)
     if not names:
         return
     values: dict[str, float] = {}

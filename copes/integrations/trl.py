@@ -101,6 +101,7 @@ class CopesRollout:
         self._envs.append(first)
         tasks = _copes_env(first).tasks if self.tasks is None else self.tasks
         self._by_id = {t.id: t for t in tasks}
+        self._by_prompt: dict[str, list[str]] | None = None  # built on the first call
 
     def dataset(self, conversational: bool = True) -> Any:
         """`task_dataset` over this rollout's tasks."""
@@ -167,7 +168,7 @@ class CopesRollout:
 
     def _task_ids(self, prompts: list[Any], trainer: Any) -> list[str]:
         """The task id of each prompt (rows built by `task_dataset`)."""
-        by_prompt = getattr(self, "_by_prompt", None)
+        by_prompt = self._by_prompt
         if by_prompt is None:
             by_prompt = {}
             for task in self._by_id.values():

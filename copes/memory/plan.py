@@ -37,7 +37,7 @@ from __future__ import annotations
 import argparse
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any, Literal
 
@@ -86,7 +86,7 @@ class MemoryEstimate:
     def components(self) -> dict[str, int]:
         """The GPU components by name."""
         skip = {"optimizer", "host_master_weights"}
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
+        return {name: value for name, value in asdict(self).items() if name not in skip}
 
     @property
     def total(self) -> int:

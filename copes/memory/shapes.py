@@ -160,10 +160,10 @@ class ModelShape:
 
     @classmethod
     def _from(cls, config: Any, model: Any, num_parameters: int | None) -> ModelShape:
-        text = getattr(config, "text_config", None) or config
-        model_type = getattr(text, "model_type", "") or type(text).__name__
+        text = _setting(config, "text_config") or config
+        model_type = _setting(text, "model_type", "") or type(text).__name__
         for name, what in _UNMODELED.items():
-            if getattr(text, name, None):
+            if _setting(text, name):
                 raise UserError(
                     f"{model_type}: its {what} are not in the memory model (it counts full, "
                     "sliding-window and Gated DeltaNet linear attention, dense and MoE MLPs)"
@@ -176,19 +176,19 @@ class ModelShape:
         types, window = _layer_types(text, model_type, num_layers)
         linear = None
         if LINEAR in types:
-            linear = GatedDeltaNet(*(int(getattr(text, f)) for f in _GDN_FIELDS))
+            linear = GatedDeltaNet(*(int(_setting(text, f)) for f in _GDN_FIELDS))
         facts = _inspect(model, text, model_type)
         total = facts["parameters"] if num_parameters is None else int(num_parameters)
         return cls(
             num_parameters=total,
             num_layers=num_layers,
             hidden_size=hidden,
-            intermediate_size=getattr(text, "intermediate_size", None) or 4 * hidden,
+            intermediate_size=_setting(text, "intermediate_size") or 4 * hidden,
             num_attention_heads=heads,
-            num_kv_heads=getattr(text, "num_key_value_heads", None) or heads,
-            head_dim=getattr(text, "head_dim", None) or hidden // heads,
+            num_kv_heads=_setting(text, "num_key_value_heads") or heads,
+            head_dim=_setting(text, "head_dim") or hidden // heads,
             vocab_size=text.vocab_size,
-            tie_word_embeddings=bool(getattr(text, "tie_word_embeddings", False)),
+            tie_word_embeddings=bool(_setting(text, "tie_word_embeddings", False)),
             qk_norm=facts["qk_norm"],
             layer_types=() if set(types) == {FULL} else tuple(types),
             sliding_window=window,
@@ -207,14 +207,14 @@ def _layer_types(config: Any, model_type: str, num_layers: int) -> tuple[list[st
     `sliding_window` is set (Mistral, Phi-3) unless `use_sliding_window` is off (Qwen2: then
     layers from `max_window_layers` on), chunked where `attention_chunk_size` is, else full.
     A chunked layer (Llama 4) is cached as a sliding one of the chunk's size."""
-    window = getattr(config, "sliding_window", None) or None
-    types = getattr(config, "layer_types", None)
+    window = _setting(config, "sliding_window") or None
+    types = _setting(config, "layer_types")
     if types is None:
-        use = getattr(config, "use_sliding_window", None)
-        first = getattr(config, "max_window_layers", 0) if use else 0
+        use = _setting(config, "use_sliding_window")
+        first = _setting(config, "max_window_layers", 0) if use else 0
         if window is not None and use is not False:
             types = [SLIDING if i >= first else FULL for i in range(num_layers)]
-        elif getattr(config, "attention_chunk_size", None):
+        elif _setting(config, "attention_chunk_size"):
             types = ["chunked_attention"] * num_layers
         else:
             types = [FULL] * num_layers
@@ -236,7 +236,7 @@ def _layer_types(config: Any, model_type: str, num_layers: int) -> tuple[list[st
         )
     if SLIDING in types and not window:
         raise UserError(f"{model_type}: sliding_attention layers but no sliding_window")
-    if LINEAR in types and any(getattr(config, f, None) is None for f in _GDN_FIELDS):
+    if LINEAR in types and any(_setting(config, f) is None for f in _GDN_FIELDS):
         raise UserError(
             f"{model_type}: its linear_attention layers are not Gated DeltaNet (no "
             f"{', '.join(_GDN_FIELDS)}): their state is not in the memory model"
@@ -256,7 +256,7 @@ def _empty_model(config: Any) -> Any:
         with torch.device("meta"):
             return AutoModelForCausalLM.from_config(copy.deepcopy(config))
     except Exception as exc:  # any failure to build is the config's: say so in one line
-        model_type = getattr(config, "model_type", None) or type(config).__name__
+        model_type = _setting(config, "model_type") or type(config).__name__
         why = one_line(exc).split(". ")[0]  # not transformers' list of every known config
         raise UserError(
             f"transformers cannot build {model_type!r} as a causal LM ({why[:300]}); give the "
@@ -315,8 +315,7 @@ def _inspect(model: Any, config: Any, model_type: str) -> dict[str, Any]:
     facts["experts"] = Experts(
         num_experts=num_experts,
         per_token=int(k),
-        intermediate_size=getattr(config, "moe_intermediate_size", None)
-        or config.intermediate_size,
+        intermediate_size=_setting(config, "moe_intermediate_size") or config.intermediate_size,
         # a shared expert is a gated MLP: gate, up (h x i) and down (i x h)
         shared_intermediate_size=max(shared.values(), default=0) // (3 * hidden),
         layers=tuple(sorted(i for i in routed if i < config.num_hidden_layers)),
@@ -324,8 +323,15 @@ def _inspect(model: Any, config: Any, model_type: str) -> dict[str, Any]:
     return facts
 
 
+def _setting(config: Any, name: str, default: Any = None) -> Any:
+    """An optional field of a transformers config, the one place they are read: families
+    name and omit them differently (Qwen2 had no `layer_types` before transformers 4.53,
+    Llama has no `sliding_window`, Qwen3.5 nests its decoder's in `text_config`)."""
+    return getattr(config, name, default)
+
+
 def _first_int(config: Any, names: Sequence[str]) -> int | None:
-    return next((v for n in names if isinstance(v := getattr(config, n, None), int)), None)
+    return next((v for n in names if isinstance(v := _setting(config, n), int)), None)
 
 
 def _count_parameters(shape: ModelShape, *, qkv_bias: bool, o_bias: bool, mlp_bias: bool) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -30,7 +30,6 @@ class RolloutFn(Protocol):
     def __call__(self, policy: Policy, step: int, member: int | None = None) -> RolloutBatch: ...
 
 
-@runtime_checkable
 class PopulationRollout(RolloutFn, Protocol):
     """A rollout that also runs several members' batches of a step in one rollout of a
     population policy (`copes.train.task_rollout.TaskRollout`)."""

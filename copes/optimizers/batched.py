@@ -13,7 +13,7 @@ and the logged seeds and rewards replay as before.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from copes.agents.members import check_members
 from copes.optimizers.base import MemberResult, PopulationRollout
@@ -41,15 +41,13 @@ class BatchedEvaluator:
     def __init__(
         self,
         policy: ServesMembers,
-        rollout: Any,
+        rollout: PopulationRollout,
         population_size: int,
         batch_size: int | None = None,
         free_bytes: int | None = None,
         on_batch: Callable[[int, RolloutBatch], None] | None = None,
         rank: int = 0,
     ) -> None:
-        if not isinstance(rollout, PopulationRollout):
-            raise TypeError("the batched evaluator needs a rollout with `population` (TaskRollout)")
         self.rollout = rollout
         self.on_batch = on_batch
         episodes = population_size * rollout.batch_size * rollout.samples

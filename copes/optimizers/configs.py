@@ -82,8 +82,11 @@ class CoPESConfig:
             raise ValueError(
                 f"standardization must be joint or per_subspace: {self.standardization!r}"
             )
-        for name in ("sigma_schedule", "lr_schedule"):
-            if getattr(self, name) not in ("constant", "linear", "cosine"):
+        for name, value in (
+            ("sigma_schedule", self.sigma_schedule),
+            ("lr_schedule", self.lr_schedule),
+        ):
+            if value not in ("constant", "linear", "cosine"):
                 raise ValueError(f"{name} must be constant, linear or cosine")
         if not 0 <= self.schedule_final_fraction <= 1:
             raise ValueError("schedule_final_fraction must be in [0, 1]")

@@ -45,7 +45,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from copes.agents.policy import TrainablePolicy
 from copes.agents.rollout import undone_arithmetic_rate
 from copes.optimizers.base import RolloutFn, StepStats, load_checkpoint_weights
 from copes.optimizers.configs import _STRUCTURAL, GRPOConfig
@@ -130,10 +129,10 @@ class GRPO:
     def __init__(self, config: GRPOConfig, policy: Policy) -> None:
         self.config = config
         self.step_count = 0
-        if not isinstance(policy, TrainablePolicy):
+        if not policy.trainable:
             raise TypeError(
-                f"GRPO trains a TrainablePolicy (a torch module it owns); {type(policy).__name__} "
-                "is not one (a vLLM policy needs trainable=True)"
+                f"GRPO trains a TrainablePolicy (a torch module it owns); this "
+                f"{type(policy).__name__} is not one (a vLLM policy needs trainable=True)"
             )
         self.policy = policy
         model = policy.trainable_model
@@ -335,7 +334,8 @@ class GRPO:
             raise ValueError(f"not a GRPO state (algorithm={state.get('algorithm')!r})")
         known = {f.name for f in fields(GRPOConfig)}
         saved = GRPOConfig(**{k: v for k, v in state["config"].items() if k in known})
-        differ = [k for k in _STRUCTURAL if getattr(saved, k) != getattr(self.config, k)]
+        ours, theirs = asdict(self.config), asdict(saved)
+        differ = [k for k in _STRUCTURAL if theirs[k] != ours[k]]
         if differ or (saved.kl_beta > 0) != (self.config.kl_beta > 0):
             raise ValueError(
                 f"the saved GRPO state was built with different {differ or ['kl_beta']}; "

@@ -9,7 +9,7 @@ and the memory planner run without torch).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from copes.optimizers.configs import ES_DEFAULTS, CoPESConfig, GRPOConfig
@@ -81,8 +81,9 @@ class OptimizerSpec:
                 f"--optimizer {self.name} takes a {self.config.__name__}, got "
                 f"{type(config).__name__}"
             )
+        held = asdict(config)
         for name, value in self.fixed.items():
-            if getattr(config, name) != value:
+            if held[name] != value:
                 raise ValueError(
                     f"--optimizer {self.name} always has {name} = {value!r}; drop "
                     f"--{name.replace('_', '-')} (or pick another optimizer)"

@@ -24,7 +24,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
-from copes.agents.episodes import PopulationRows, play_episodes
+from copes.agents.episodes import play_episodes
 from copes.agents.members import check_members
 from copes.agents.rollout import RolloutBatch, RolloutStats, Trajectory
 from copes.envs.tasks.base import task_to_dict
@@ -143,7 +143,7 @@ def _serve_step(
             for s in served.sessions
         ]
         assign = None
-        if isinstance(engine_policy, PopulationRows) and served.specs[0].slot is not None:
+        if engine_policy.serves_members and served.specs[0].slot is not None:
             specs = served.specs
 
             def assign(started: list[int]) -> None:  # each started session's member row

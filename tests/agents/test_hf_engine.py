@@ -4,7 +4,7 @@ agent: KV caches kept across turns give the turns that turn-by-turn generation g
 import pytest
 import torch
 
-from copes.agents.episodes import EpisodeFeed, EpisodePolicy
+from copes.agents.episodes import EpisodeFeed
 from copes.agents.hf import HFPolicy
 from copes.agents.hf.kv_batch import KVBatch, SlotBatch
 from copes.agents.policy import SamplingConfig
@@ -98,7 +98,7 @@ def test_kv_batch_concat_and_compact_keep_the_logits(tiny_policy):
 
 @pytest.mark.parametrize("kind", ["math", "qa"])
 def test_episode_loop_gives_the_turn_by_turn_tokens_under_greedy(tiny_policy, kind):
-    assert isinstance(tiny_policy, EpisodePolicy) and tiny_policy.supports_episodes
+    assert tiny_policy.supports_episodes and not tiny_policy.serves_members
     greedy = SamplingConfig(max_new_tokens=48, temperature=0.0)
     turns = rollout(tiny_policy, make_envs(kind, 6), greedy, continuous_batching=False)
     loop = rollout(tiny_policy, make_envs(kind, 6), greedy)

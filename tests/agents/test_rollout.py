@@ -19,6 +19,7 @@ class RecordingPolicy:
         self.chat = policy.chat
         self.max_context = policy.max_context
         self.supports_episodes = episodes
+        self.serves_members = self.trainable = False
         self.calls = []
 
     def generate_ids(self, prompts, sampling):
@@ -157,6 +158,7 @@ def test_stats_split_tool_calls_from_grading(tiny_policy):
 
     class Scripted:  # a tool call, then an answer
         chat, max_context = tiny_policy.chat, tiny_policy.max_context
+        supports_episodes = serves_members = trainable = False
 
         def __init__(self):
             self.turn = 0

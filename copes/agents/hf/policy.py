@@ -130,6 +130,9 @@ class HFPolicy(ChatGeneration):
     def max_context(self) -> int:
         return int(getattr(self.model.config, "max_position_embeddings", 4096))
 
+    trainable = True  # GRPO trains `model` in place
+    serves_members = False
+
     @property
     def supports_episodes(self) -> bool:
         """Whether `generate_episodes` can run this model: it needs a plain full-attention KV

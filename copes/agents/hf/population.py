@@ -413,6 +413,8 @@ class PopulationPolicy:
     """
 
     supports_episodes = True
+    serves_members = True
+    trainable = False
 
     def __init__(
         self, base: MemberHost, stacked: StackedModel | LowRankPopulation, batch_size: int

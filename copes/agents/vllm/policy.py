@@ -267,6 +267,11 @@ class VLLMPolicy(ChatGeneration):
 
     # ------------------------------------------------------------------ TrainablePolicy
     @property
+    def trainable(self) -> bool:  # type: ignore[override]
+        """Whether it holds a transformers copy for GRPO (`trainable=True`)."""
+        return self._trainable is not None
+
+    @property
     def trainable_model(self) -> Any:
         return self.model
 

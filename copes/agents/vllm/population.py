@@ -101,6 +101,8 @@ class VLLMLowRankPopulation:
     """
 
     supports_episodes = False  # turn by turn: vLLM schedules the rows itself
+    serves_members = True
+    trainable = False
 
     def __init__(self, policy: AdapterHost, members: int, rank: int) -> None:
         slots, max_rank = lora_capacity(policy)

@@ -107,13 +107,15 @@ def decode_perturbation(values: Sequence[Any]) -> Perturbation:
 class CopesWorkerExtension:
     """Methods every vLLM worker gains; called as `llm.collective_rpc("copes_...", ...)`."""
 
+    _copes_space: WeightSpace | None = None  # set by copes_init_space
+
     def _copes_model(self) -> torch.nn.Module:
         return self.model_runner.get_model()  # type: ignore[attr-defined]
 
     def copes_init_views(self, layout: Layout) -> dict[str, Any]:
         """Map the HF layout onto this worker's tensors; returns where each shard lies."""
         self._copes_views, self._copes_shards = hf_views(self._copes_model(), layout)
-        self._copes_space: WeightSpace | None = None
+        self._copes_space = None
         shards = {
             n: [list(s.full_shape), s.dim, s.start, s.stop] for n, s in self._copes_shards.items()
         }
@@ -129,7 +131,7 @@ class CopesWorkerExtension:
         return [self._copes_space.num_coordinates, self._copes_space.num_matrix_rows]
 
     def _space(self) -> WeightSpace:
-        space = getattr(self, "_copes_space", None)
+        space = self._copes_space
         if space is None:
             raise RuntimeError("copes_init_space was not called on this worker")
         return space
@@ -230,7 +232,7 @@ class CopesWorkerExtension:
         with safe_open(path, framework="pt") as handle:
             weights = [(name, handle.get_tensor(name)) for name in handle.keys()]  # noqa: SIM118
         self._copes_model().load_weights(weights)
-        if getattr(self, "_copes_space", None) is not None:
+        if self._copes_space is not None:
             self._copes_space.sync_from_working()
         return digest(self._copes_views)
 

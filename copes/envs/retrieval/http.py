@@ -41,6 +41,12 @@ _RETRIED_STATUS = frozenset({429})  # and every 5xx
 _SNIPPET_CHARS = 120
 
 
+class _ThreadClient(threading.local):
+    """Each thread's own HTTP client (httpx clients are not shared across threads)."""
+
+    client: httpx.Client | None = None
+
+
 class RetrieverUnavailable(RuntimeError):
     """The retrieval server gave no usable answer (down, too slow, an error or a bad reply)."""
 
@@ -91,7 +97,7 @@ class HTTPRetriever:
         self.timeout_s = float(timeout_s)
         self.retries = retries
         self.backoff_s = float(backoff_s)
-        self._local = threading.local()
+        self._local = _ThreadClient()
         self._clients: list[httpx.Client] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -106,7 +112,7 @@ class HTTPRetriever:
     def _client(self) -> httpx.Client:
         if self._closed:
             raise RuntimeError(f"HTTPRetriever for {self.url} is closed")
-        client = getattr(self._local, "client", None)
+        client = self._local.client
         if client is None:
             with self._lock:
                 if self._closed:
