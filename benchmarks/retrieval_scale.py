@@ -480,7 +480,7 @@ def main() -> None:
     parser.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.shard_size is None:
-        from copes.envs.retrieval.tantivy_index import SHARD_SIZE
+        from copes.envs.retrieval.tantivy_build import SHARD_SIZE
 
         args.shard_size = SHARD_SIZE
 

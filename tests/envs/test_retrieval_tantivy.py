@@ -221,7 +221,7 @@ def test_a_build_killed_mid_way_resumes_from_its_last_commit(tmp_path, caplog) -
     recorded["checkpoints"].append({"passages": 10**9, "corpus_byte": 1})
     state.write_text(json.dumps(recorded))
 
-    caplog.set_level("INFO", logger="copes.envs.retrieval.tantivy_index")
+    caplog.set_level("INFO", logger="copes.envs.retrieval.tantivy_build")
     resumed = TantivyRetriever.build(
         corpus, out, commit_every=2000, shard_size=5000, show_progress=False
     )

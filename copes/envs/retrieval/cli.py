@@ -90,7 +90,8 @@ def _build(args: argparse.Namespace) -> int:
     tokenizer = Tokenizer(remove_stopwords=not args.keep_stopwords)
     started = time.monotonic()
     if args.backend == "tantivy":
-        from copes.envs.retrieval.tantivy_index import SHARD_SIZE, TantivyRetriever
+        from copes.envs.retrieval.tantivy_build import SHARD_SIZE
+        from copes.envs.retrieval.tantivy_index import TantivyRetriever
 
         retriever = TantivyRetriever.build(
             args.corpus,

@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 
 from copes.envs.retrieval.base import Retriever
-from copes.envs.retrieval.tantivy_index import read_meta
+from copes.envs.retrieval.tantivy_format import read_meta
 
 _OPENED: dict[tuple[str, int], Retriever] = {}
 _LOCK = threading.Lock()
