@@ -227,8 +227,10 @@ def run(args: argparse.Namespace) -> int:
     from copes.agents.chat import template_kwargs_for
     from copes.agents.policy import SamplingConfig
     from copes.evaluation.report import format_table, write_report
-    from copes.evaluation.runner import check_ks, read_eval_config, rescore
+    from copes.evaluation.rescore import rescore
+    from copes.evaluation.resume import read_eval_config
     from copes.evaluation.samples import check_stored_samples
+    from copes.evaluation.summary import check_ks
     from copes.registry import resolve_benchmarks
 
     out = Path(args.out)

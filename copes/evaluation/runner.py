@@ -10,169 +10,36 @@ an interrupted evaluation resumes where it stopped: samples already on disk are 
 last line is dropped, and only batches with missing samples are rolled out again (a batch is
 always rolled out whole, so its samples come out exactly as in an uninterrupted run, and only
 the missing ones are written). A stored sample is kept only if its `task_digest` is the
-current task's (`copes.evaluation.samples`). `rescore(out_dir)` re-grades the stored
-predictions with the current graders without generating anything.
+current task's (`copes.evaluation.samples`).
+
+One concern a module: the resume store and the plan of batches (`copes.evaluation.resume`),
+the rollouts (here), the numbers (`copes.evaluation.summary`); `copes.evaluation.rescore`
+re-grades stored predictions without generating anything.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import os
 import time
-from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from copes.agents.policy import Policy, SamplingConfig
-from copes.agents.rollout import mean_of_said, rollout
+from copes.agents.rollout import rollout
 from copes.envs.core import EpisodeRules
-from copes.envs.tasks.base import Task, task_digest
-from copes.evaluation.passk import majority_at_n, mean_at_n, pass_at_k
-from copes.evaluation.report import BenchmarkResult, Report
-from copes.evaluation.samples import (
-    SAMPLES_FILE,
-    append_samples,
-    current_tasks,
-    describe,
-    read_samples,
-    sample_key,
-    sample_record,
-    stale_samples,
-    stale_tasks,
-)
-from copes.registry import Benchmark, get_benchmark, resolve_benchmarks
-from copes.run_log import drop_torn_tail
+from copes.envs.tasks.base import Task
+from copes.evaluation.report import Report
+from copes.evaluation.resume import open_samples
+from copes.evaluation.samples import SAMPLES_FILE, append_samples, sample_key, sample_record
+from copes.evaluation.summary import check_ks, summarize
+from copes.registry import Benchmark, resolve_benchmarks
 from copes.seeding import derive_seed
 
 logger = logging.getLogger(__name__)
 
-CONFIG_FILE = "eval_config.json"
-# Settings that change what a sample is; resuming with different values would mix two
-# evaluations in one file.
-_SAMPLE_SETTINGS = (
-    "model", "sampling", "max_turns", "batch_episodes", "call_format", "chat_template_kwargs",
-    "env_kwargs", "split", "demonstrations", "dtype",
-)  # fmt: skip
 
-
-def check_ks(ks: Iterable[int], n: int) -> list[int]:
-    """`ks` sorted and deduplicated; ValueError unless every k is in [1, n]."""
-    if n < 1:
-        raise ValueError(f"n (samples per problem) must be >= 1, got {n}")
-    ks = sorted(set(int(k) for k in ks))
-    if not ks:
-        raise ValueError("no k given for pass@k; pass e.g. ks=[1, 4, 16]")
-    if ks[0] < 1:
-        raise ValueError(f"pass@k needs k >= 1, got k={ks[0]}")
-    if ks[-1] > n:
-        too_big = [k for k in ks if k > n]
-        raise ValueError(
-            f"pass@k needs k <= n samples per problem: k={too_big} with n={n}; "
-            f"raise n to at least {too_big[-1]} or drop those k"
-        )
-    return ks
-
-
-def read_eval_config(out_dir: str | Path) -> dict[str, Any] | None:
-    """The eval_config.json of an earlier evaluation in `out_dir` (None if there is none);
-    a file that is not one is an error naming it."""
-    path = Path(out_dir) / CONFIG_FILE
-    if not path.exists():
-        return None
-    try:
-        old = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{path} is not an evaluation config ({exc}); use another --out") from None
-    if not isinstance(old, dict):
-        raise ValueError(
-            f"{path} is not an evaluation config (a JSON object); use another --out, or "
-            "--no-resume to discard what is there"
-        )
-    return old
-
-
-def _check_resumable(out_dir: Path, config: dict[str, Any]) -> None:
-    old = read_eval_config(out_dir)
-    if old is None:
-        return
-    for name in _SAMPLE_SETTINGS:
-        if name in ("model", "dtype") and (old.get(name) is None or config.get(name) is None):
-            continue
-        if old.get(name) != config.get(name):
-            raise ValueError(
-                f"{out_dir} holds samples of a different evaluation: {name} was "
-                f"{old.get(name)!r}, now {config.get(name)!r}. Use another out_dir (--out), or "
-                f"resume=False (--no-resume) to discard the stored samples"
-            )
-
-
-# ---------------------------------------------------------------------- metrics
-def summarize(
-    benchmark: Benchmark,
-    samples_by_task: dict[str, list[dict[str, Any]]],
-    ks: Sequence[int],
-) -> BenchmarkResult:
-    """Per-problem pass@k, mean@n and maj@n averaged over problems (in the given order)."""
-    if not samples_by_task:
-        raise ValueError(f"benchmark {benchmark.name!r} has no samples to summarize")
-    pass_sums = dict.fromkeys(ks, 0.0)
-    mean_sum = maj_sum = 0.0
-    all_samples: list[dict[str, Any]] = []
-    for task_id, samples in samples_by_task.items():
-        samples = sorted(samples, key=lambda r: int(r["sample"]))
-        n, c = len(samples), sum(bool(r["correct"]) for r in samples)
-        if n < max(ks):
-            raise ValueError(
-                f"{benchmark.name} problem {task_id!r} has {n} samples, fewer than k={max(ks)}; "
-                f"finish the evaluation (resume it) before computing pass@{max(ks)}"
-            )
-        for k in ks:
-            pass_sums[k] += pass_at_k(n, c, k)
-        mean_sum += mean_at_n([r["reward"] for r in samples])
-        maj_sum += majority_at_n(
-            [r["prediction"] for r in samples],
-            [bool(r["correct"]) for r in samples],
-            benchmark.normalize,
-        )
-        all_samples.extend(samples)
-    problems = len(samples_by_task)
-    per_problem = {len(s) for s in samples_by_task.values()}
-    total = len(all_samples)
-    return BenchmarkResult(
-        benchmark=benchmark.name,
-        num_problems=problems,
-        n=per_problem.pop() if len(per_problem) == 1 else min(per_problem),
-        pass_at_k={k: pass_sums[k] / problems for k in ks},
-        mean_at_n=mean_sum / problems,
-        maj_at_n=maj_sum / problems,
-        mean_tool_calls=sum(r["tool_calls"] for r in all_samples) / total,
-        mean_turns=sum(r["turns"] for r in all_samples) / total,
-        mean_generated_tokens=sum(r["generated_tokens"] for r in all_samples) / total,
-        end_reasons=dict(sorted(Counter(r["end_reason"] for r in all_samples).items())),
-        protocol_use_rate=sum(
-            r["tool_calls"] > 0 or r["end_reason"] == "answer" for r in all_samples
-        )
-        / total,
-        tool_use_rate=sum(r["tool_calls"] > 0 for r in all_samples) / total,
-        invalid_rate=sum(r["end_reason"] == "invalid" for r in all_samples) / total,
-        undone_arithmetic_rate=_undone_arithmetic_rate(all_samples),
-    )
-
-
-def _undone_arithmetic_rate(samples: list[dict[str, Any]]) -> float | None:
-    """The share of samples refused for arithmetic left undone (issue 48); None unless every
-    answered sample's grade says (QA graders never do; samples graded before issue 48 did
-    not). A sample without an answer was refused nothing."""
-    return mean_of_said(
-        r.get("grade", {}).get("undone_arithmetic") if r.get("prediction") is not None else False
-        for r in samples
-    )
-
-
-# ---------------------------------------------------------------------- evaluate
 def evaluate(
     policy: Policy,
     benchmarks: str | Sequence[str | Benchmark],
@@ -276,47 +143,11 @@ def evaluate(
                 for b, tasks in loaded
             },
         }
-    if resume:
-        _check_resumable(out, config)
-    config["task_ids"] = {b.name: [t.id for t in tasks] for b, tasks in loaded}
-    done = {sample_key(r): r for r in read_samples(samples_path)} if resume else {}
-    # Stored samples of tasks whose data changed: refused (before anything is written), or
-    # with `regenerate_changed` their whole batches are dropped below and rolled out again.
-    stale = stale_samples(samples_path, done, loaded, n, regenerate_changed)
-    if resume:
-        drop_torn_tail(samples_path)
-    elif samples_path.exists():
-        samples_path.unlink()
-    (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-
-    # Plan: every benchmark's (task, sample) pairs in fixed batches; keep those with gaps.
-    plan = []
-    for benchmark, tasks in loaded:
-        items = [(task, s) for task in tasks for s in range(n)]
-        batches = [items[i : i + batch_episodes] for i in range(0, len(items), batch_episodes)]
-        if stale[benchmark.name]:
-            dropped = [b for b in batches if any(t.id in stale[benchmark.name] for t, _ in b)]
-            for batch in dropped:
-                for task, s in batch:
-                    done.pop((benchmark.name, task.id, s), None)
-            logger.warning(
-                "%s: re-generating %d batch(es) of %s whose stored samples do not fit the "
-                "current tasks: %s", samples_path, len(dropped), benchmark.name,
-                describe(stale[benchmark.name]),
-            )  # fmt: skip
-        todo = [
-            (index, batch)
-            for index, batch in enumerate(batches)
-            if any((benchmark.name, t.id, s) not in done for t, s in batch)
-        ]
-        plan.append((benchmark, tasks, todo))
+    done, plan, resumed = open_samples(
+        out, config, loaded, n=n, batch_episodes=batch_episodes, resume=resume,
+        regenerate_changed=regenerate_changed,
+    )  # fmt: skip
     total_todo = sum(len(batch) for _, _, todo in plan for _, batch in todo)
-    resumed = sum(
-        (b.name, t.id, s) in done for b, tasks, _ in plan for t in tasks for s in range(n)
-    )
-    if resumed:
-        logger.info("resuming: %d samples already in %s", resumed, samples_path)
-
     from tqdm.auto import tqdm
 
     base_seed = 0 if sampling.seed is None else sampling.seed
@@ -371,7 +202,6 @@ def evaluate(
     )
 
 
-# ---------------------------------------------------------------------- rescore
 def _demonstration_digest(
     benchmark: Benchmark,
     tasks: Sequence[Task],
@@ -388,91 +218,3 @@ def _demonstration_digest(
         return transcript_digest(env.unwrapped.demonstration_messages)
     finally:
         env.close()
-
-
-def rescore(out_dir: str | Path, *, ks: Sequence[int] | None = None) -> Report:
-    """Re-grade the stored predictions of an evaluation with the current graders.
-
-    Rewrites samples.jsonl with the new verdicts (atomically) and returns the report over the
-    benchmarks, problems and n of the last `evaluate` into `out_dir`. The report's samples are
-    graded against the current tasks (loaded as that evaluation did), so their digests are
-    checked first: a sample whose task only changed its gold answers or checks is re-graded
-    against the new ones; one whose question or passages changed is refused. Samples that
-    gave no final answer keep their reward and stay incorrect. Nothing is generated.
-    """
-    out = Path(out_dir)
-    config_path = out / CONFIG_FILE
-    if not config_path.exists():
-        raise FileNotFoundError(
-            f"{config_path} does not exist; rescore needs the folder an evaluation wrote "
-            f"(its --out), with {CONFIG_FILE} and {SAMPLES_FILE}"
-        )
-    try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-        n = int(config["n"])
-        task_ids = {name: list(config["task_ids"][name]) for name in config["benchmarks"]}
-    except (UnicodeDecodeError, json.JSONDecodeError, TypeError, KeyError, ValueError) as exc:
-        raise ValueError(f"{config_path} is not an evaluation config ({exc!r})") from None
-    ks = check_ks(config["ks"] if ks is None else ks, n)
-    benchmarks = [get_benchmark(name) for name in config["benchmarks"]]
-    # One record per (benchmark, task, sample), the last one written, as `evaluate` keeps.
-    done = {sample_key(r): r for r in read_samples(out / SAMPLES_FILE)}
-    current = {b.name: current_tasks(b, task_ids[b.name], config) for b in benchmarks}
-    for benchmark in benchmarks:
-        stale = stale_tasks(done, benchmark.name, current[benchmark.name], n)
-        refused = {task_id: why for task_id, why in stale.items() if why != "gold"}
-        if refused:
-            raise ValueError(
-                f"{out / SAMPLES_FILE} holds {benchmark.name} samples that cannot be re-graded "
-                f"against the current tasks: {describe(refused)}. Re-generate them with "
-                f"copes-eval --model MODEL --out {out} --regenerate-changed (same settings), "
-                "or start over with --no-resume"
-            )
-        if stale:
-            logger.warning(
-                "%s: re-grading against new gold answers or checks: %s",
-                benchmark.name, describe(stale),
-            )  # fmt: skip
-    tasks = {(name, t.id): t for name, ts in current.items() for t in ts}
-    graders = {b.name: b.make_grader(current[b.name]) for b in benchmarks}
-    kinds = {b.name: b.kind for b in benchmarks}
-    for record in done.values():
-        name = record["benchmark"]
-        if name not in graders:
-            graders[name] = get_benchmark(name).make_grader()
-            kinds[name] = get_benchmark(name).kind
-        task = tasks.get((name, record["task_id"])) if int(record["sample"]) < n else None
-        if task is not None:  # checked above: generated for this very problem
-            record["gold"], record["checks"] = list(task.answers), list(task.checks)
-            record["task_digest"] = task_digest(task)
-        else:  # outside the report: its own gold (its digest is checked when it is resumed)
-            checks = tuple(record.get("checks", ()))
-            task = Task(record["task_id"], "", tuple(record["gold"]), kinds[name], checks=checks)
-        if record["prediction"] is None:
-            record["correct"] = False
-            continue
-        grade = graders[name](record["prediction"], task)
-        record["correct"] = bool(grade.correct)
-        record["reward"] = float(grade.reward)
-        record["grade"] = {
-            k: v for k, v in grade.details.items() if k not in ("prediction", "gold", "correct")
-        }
-    records = list(done.values())
-    tmp = out / (SAMPLES_FILE + ".tmp")
-    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
-    os.replace(tmp, out / SAMPLES_FILE)
-
-    results = {}
-    for benchmark in benchmarks:
-        by_task: dict[str, list[dict[str, Any]]] = {
-            task_id: [] for task_id in task_ids[benchmark.name]
-        }
-        for record in records:
-            if (
-                record["benchmark"] == benchmark.name
-                and record["task_id"] in by_task
-                and int(record["sample"]) < n
-            ):
-                by_task[record["task_id"]].append(record)
-        results[benchmark.name] = summarize(benchmark, by_task, ks)
-    return Report(n=n, ks=ks, benchmarks=results, model=config.get("model"))

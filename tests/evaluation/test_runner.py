@@ -17,7 +17,9 @@ from copes.evaluation.report import (
     format_table,
     write_report,
 )
-from copes.evaluation.runner import evaluate, read_samples, rescore
+from copes.evaluation.rescore import rescore
+from copes.evaluation.runner import evaluate
+from copes.evaluation.samples import read_samples
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "benchmarks"
 BENCHMARKS = ["gsm8k", "hotpotqa", "synthetic-math"]
