@@ -60,7 +60,7 @@ def build_random_model(folder: Path, shape: dict[str, int], dtype: torch.dtype) 
     """A Qwen2 causal LM with seeded random weights and a locally trained tokenizer."""
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    from copes.agents.tiny import train_tokenizer
+    from copes.agents.tiny_recipe import train_tokenizer
     from copes.envs.tasks.synthetic import synthetic_math_tasks, synthetic_qa_tasks
 
     texts = [t.question for t in synthetic_math_tasks("train", 2000, seed=0)]

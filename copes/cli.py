@@ -228,7 +228,7 @@ def dry_run(config: Any, optimizer: Any) -> dict[str, Any]:
     from copes.train import public_settings
 
     if config.model == "tiny":  # its shape, without building it (a few minutes)
-        from copes.agents.tiny import model_config as tiny_config
+        from copes.agents.tiny_recipe import model_config as tiny_config
 
         path, config_ = "tiny (shape from TinyAgentConfig; not built)", tiny_config()
     else:  # a folder's, the hub's or a GGUF file's config: no weights read or converted

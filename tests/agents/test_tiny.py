@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from copes.agents.tiny import TinyAgentConfig
+from copes.agents.tiny_recipe import TinyAgentConfig
 
 
 def test_folder_is_a_normal_hugging_face_model(tiny_agent_dir):
@@ -41,7 +41,7 @@ def test_the_shipped_agent_scores_its_recorded_accuracy_here(tiny_agent_dir):
     import torch
 
     from copes.agents.hf import HFPolicy
-    from copes.agents.tiny import validation_accuracy
+    from copes.agents.tiny_recipe import validation_accuracy
 
     report = json.loads((tiny_agent_dir / "copes_tiny.json").read_text())
     threads = torch.get_num_threads()
@@ -62,7 +62,7 @@ def test_saved_tokenizer_loads_as_it_was_trained(tiny_agent_dir):
     from tokenizers import Tokenizer
     from transformers import AutoTokenizer
 
-    from copes.agents.tiny import collect_transcripts
+    from copes.agents.tiny_recipe import collect_transcripts
 
     as_trained = Tokenizer.from_file(str(tiny_agent_dir / "tokenizer.json"))
     as_loaded = AutoTokenizer.from_pretrained(tiny_agent_dir)
@@ -162,7 +162,7 @@ def test_expert_mistake_rate_is_validated():
 
 
 def test_induction_drills_repeat_a_stretch_of_their_context():
-    from copes.agents.tiny import TAG_TOKENS, induction_drills, train_tokenizer
+    from copes.agents.tiny_recipe import TAG_TOKENS, induction_drills, train_tokenizer
 
     tokenizer = train_tokenizer(["a few words to learn from"] * 5, 300)
     drills = induction_drills(tokenizer, 50, seed=3)

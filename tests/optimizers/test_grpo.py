@@ -398,7 +398,7 @@ def test_multi_turn_env_rollout_is_on_policy_at_the_first_update():
     """Real multi-turn trajectories (env feedback between turns, masked out): GRPO's forward
     pass reproduces the sampling-time log-probs, so the first update's ratio is 1."""
     from copes.agents.rollout import rollout
-    from copes.agents.tiny import train_tokenizer
+    from copes.agents.tiny_recipe import train_tokenizer
     from copes.envs.presets import tool_qa_env
     from copes.envs.tasks.synthetic import synthetic_qa_tasks
 
