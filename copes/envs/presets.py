@@ -7,12 +7,12 @@ and split, pass their own tasks, replace the tools, or add one with ``extra_tool
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
 from copes.envs.core import ToolEnv
-from copes.envs.parsing import CallFormat
 from copes.envs.rewards.graders import FunctionGrader, Grader, MathGrader, QAGrader, as_grader
 from copes.envs.tasks.base import Task
 from copes.envs.tools.base import Tool
@@ -108,55 +108,88 @@ def _qa_rule_of(tasks: Sequence[Task]) -> str:
     return next(iter(rules), DEFAULT_QA_RULE)
 
 
+@dataclass(frozen=True)
+class TaskChoice:
+    """Where an env's tasks come from (the arguments both presets share, as `gym.make` passes
+    them): `tasks` (Tasks, dicts, a .jsonl/.json/.parquet path or a `datasets.Dataset`, read
+    through `columns`; `copes.envs.tasks.records`) overrides `benchmark` (a registered one,
+    `copes.registry`: its `split`, `source`, `data_dir`, first `limit` tasks, `task_seed`)."""
+
+    benchmark: str
+    split: str | None = None
+    tasks: Any = None
+    columns: Mapping[str, str] | None = None
+    source: str | Path | None = None
+    data_dir: str | Path | None = None
+    limit: int | None = None
+    task_seed: int = 0
+
+    def resolve(self, kind: str, env_name: str) -> Sequence[Task]:
+        return _resolve_tasks(
+            self.tasks, kind, env_name, self.benchmark, self.split, self.source, self.data_dir,
+            self.limit, self.task_seed, self.columns,
+        )  # fmt: skip
+
+
+_TASK_CHOICE = {f.name for f in fields(TaskChoice)}
+
+
+def _preset_env(
+    kind: Literal["math", "qa"],
+    env_name: str,
+    benchmark: str,
+    split: str | None,
+    options: dict[str, Any],
+    default_tools: Callable[[Sequence[Task]], list[Tool]],
+    default_grader: Callable[[Sequence[Task], Any], Grader],
+    tool_options: dict[str, Any],
+) -> ToolEnv:
+    """The one way a preset is built: its tasks, its tools (the default ones unless `tools`
+    replaces them; `extra_tools` adds to them), its grader, `demonstrations` (0-2 worked
+    examples, `copes.envs.demonstrations`), and every other option to `ToolEnv`
+    (`max_turns`, `call_format`, `instructions`, ...)."""
+    choice = TaskChoice(
+        benchmark, split, **{k: options.pop(k) for k in _TASK_CHOICE & set(options)}
+    )
+    tasks = choice.resolve(kind, env_name)
+    tools = options.pop("tools", None)
+    tools = default_tools(tasks) if tools is None else list(tools)
+    tools = [*tools, *options.pop("extra_tools", ())]
+    grader = default_grader(tasks, options.pop("grader", None))
+    call_format = options.setdefault("call_format", "tags")
+    _add_demonstrations(
+        options, kind, options.pop("demonstrations", 0), call_format, tools, tool_options
+    )
+    return ToolEnv(tasks, tools, grader, **options)
+
+
 def tool_math_env(
     benchmark: str = "synthetic-math",
     split: str | None = None,
     *,
-    tasks: Any = None,
-    columns: Mapping[str, str] | None = None,
-    tools: Sequence[Tool] | None = None,
-    extra_tools: Sequence[Tool] = (),
-    max_turns: int = 4,
-    call_format: CallFormat = "tags",
-    source: str | Path | None = None,
-    data_dir: str | Path | None = None,
-    limit: int | None = None,
-    task_seed: int = 0,
     python_timeout: float = 10.0,
     grader_timeout: float = 5.0,
-    grader: Any = None,
-    demonstrations: int = 0,
-    **env_kwargs: Any,
+    **options: Any,
 ) -> ToolEnv:
     """ToolMath-v0: math problems, a sandboxed Python (sympy) tool, a symbolic-equality grader.
 
-    `tasks` (Tasks, dicts, a .jsonl/.json/.parquet path or a `datasets.Dataset`, read through
-    `columns`; `copes.envs.tasks.records`) overrides `benchmark`; `tools` replaces the Python
-    tool; `extra_tools` adds to it;
-    `grader` (``fn(answer, task)`` -> Grade, bool or reward) replaces symbolic equality;
-    `demonstrations` (0-2) plays that many worked examples of calling Python before each task
-    (`copes.envs.demonstrations`).
+    `options`: the task choice (`TaskChoice`: tasks, columns, source, data_dir, limit,
+    task_seed), `tools` (replaces the Python tool), `extra_tools` (adds to it), `grader`
+    (``fn(answer, task)`` -> Grade, bool or reward; replaces the benchmark's scorer or
+    symbolic equality), `demonstrations` (0-2 worked examples of calling Python before each
+    task), and any `ToolEnv` argument (max_turns, call_format, ...).
     """
-    tasks = _resolve_tasks(
-        tasks, "math", "ToolMath", benchmark, split, source, data_dir, limit, task_seed, columns
-    )
-    if tools is None:
-        from copes.envs.tools.python import PythonTool
+    from copes.envs.tools.python import PythonTool
 
-        tools = [PythonTool(timeout=python_timeout)]
-    env_kwargs.setdefault("accept_boxed", True)
-    _add_demonstrations(
-        env_kwargs, "math", demonstrations, call_format, [*tools, *extra_tools],
+    options.setdefault("accept_boxed", True)
+    return _preset_env(
+        "math", "ToolMath", benchmark, split, options,
+        lambda tasks: [PythonTool(timeout=python_timeout)],
+        lambda tasks, grader: as_grader(
+            grader, _benchmark_grader(tasks) or MathGrader(timeout=grader_timeout)
+        ),
         {"timeout": python_timeout},
     )  # fmt: skip
-    return ToolEnv(
-        tasks,
-        [*tools, *extra_tools],
-        as_grader(grader, _benchmark_grader(tasks) or MathGrader(timeout=grader_timeout)),
-        max_turns=max_turns,
-        call_format=call_format,
-        **env_kwargs,
-    )
 
 
 def _add_demonstrations(
@@ -203,16 +236,6 @@ def tool_qa_env(
     benchmark: str = "synthetic-qa",
     split: str | None = None,
     *,
-    tasks: Any = None,
-    columns: Mapping[str, str] | None = None,
-    tools: Sequence[Tool] | None = None,
-    extra_tools: Sequence[Tool] = (),
-    max_turns: int = 4,
-    call_format: CallFormat = "tags",
-    source: str | Path | None = None,
-    data_dir: str | Path | None = None,
-    limit: int | None = None,
-    task_seed: int = 0,
     top_k: int = 3,
     corpus_index: str | Path | None = None,
     retriever_url: str | None = None,
@@ -220,9 +243,7 @@ def tool_qa_env(
     retriever_retries: int | None = None,
     reward_metric: Literal["f1", "em"] = "f1",
     qa_rule: str | None = None,
-    grader: Any = None,
-    demonstrations: int = 0,
-    **env_kwargs: Any,
+    **options: Any,
 ) -> ToolEnv:
     """ToolQA-v0: multi-hop questions, a BM25 search tool, an EM/F1 grader.
 
@@ -232,24 +253,16 @@ def tool_qa_env(
     `retriever_retries`; see docs/retrieval.md). EM/F1 follow
     `qa_rule` (`copes.envs.rewards.qa.QA_RULES`); None: the official rule of the tasks'
     benchmark (their `source`), SQuAD v1.1 for benchmarks without one of their own.
-    `demonstrations` (0-2) plays that many worked examples of searching before each task
-    (`copes.envs.demonstrations`; their searches run over the examples' own passages).
+    `options` as for `tool_math_env`; `demonstrations` (0-2) plays worked examples of
+    searching (their searches run over the examples' own passages).
     """
-    tasks = _resolve_tasks(
-        tasks, "qa", "ToolQA", benchmark, split, source, data_dir, limit, task_seed, columns
-    )
-    if grader is None:
-        rule = _qa_rule_of(tasks) if qa_rule is None else qa_rule
-        qa_grader: Grader = QAGrader(metric=reward_metric, rule=rule)
-    elif qa_rule is not None:
-        raise ValueError("ToolQA: pass grader= or qa_rule= (the default grader's rule), not both")
-    else:
-        qa_grader = as_grader(grader, QAGrader(metric=reward_metric))
     if corpus_index is not None and retriever_url is not None:
         raise ValueError(
             "ToolQA: pass corpus_index= (a local index) or retriever_url= (a retrieval "
             "server), not both"
         )
+    if options.get("grader") is not None and qa_rule is not None:
+        raise ValueError("ToolQA: pass grader= or qa_rule= (the default grader's rule), not both")
     http_options: dict[str, Any] = {
         name: value
         for name, value in (("timeout_s", retriever_timeout_s), ("retries", retriever_retries))
@@ -259,7 +272,15 @@ def tool_qa_env(
         raise ValueError(
             "ToolQA: retriever_timeout_s and retriever_retries only apply with retriever_url="
         )
-    if tools is None:
+
+    def grader_of(tasks: Sequence[Task], grader: Any) -> Grader:
+        if grader is not None:
+            return as_grader(grader, QAGrader(metric=reward_metric))
+        return QAGrader(
+            metric=reward_metric, rule=_qa_rule_of(tasks) if qa_rule is None else qa_rule
+        )
+
+    def search_tools(tasks: Sequence[Task]) -> list[Tool]:
         from copes.envs.tools.search import SearchTool
 
         retriever = None
@@ -279,15 +300,8 @@ def tool_qa_env(
                     '(copes-eval/copes-train: --env-kwargs \'{"corpus_index": '
                     '"indexes/wiki18"}\'; docs/retrieval.md)'
                 )
-        tools = [SearchTool(retriever=retriever, top_k=top_k)]
-    _add_demonstrations(
-        env_kwargs, "qa", demonstrations, call_format, [*tools, *extra_tools], {"top_k": top_k}
-    )
-    return ToolEnv(
-        tasks,
-        [*tools, *extra_tools],
-        qa_grader,
-        max_turns=max_turns,
-        call_format=call_format,
-        **env_kwargs,
+        return [SearchTool(retriever=retriever, top_k=top_k)]
+
+    return _preset_env(
+        "qa", "ToolQA", benchmark, split, options, search_tools, grader_of, {"top_k": top_k}
     )
