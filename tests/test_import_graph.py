@@ -195,3 +195,21 @@ def test_the_layers_hold(rule, modules, forbidden):
 def test_the_graph_sees_function_level_imports():
     """The checks above would pass vacuously if imports inside functions were missed."""
     assert "copes.agents.hf.engine" in GRAPH["copes.agents.hf.policy"]  # imported in a method
+
+
+def test_capabilities_are_declared_not_probed():
+    """Issue 49: copes' own objects declare what they can do; hasattr/getattr are left for
+    what copes does not own (docs/design.md lists them), fewer than 50, and no protocol of
+    the agents or optimizers is checked with isinstance at run time."""
+    probes = 0
+    for path in ROOT.rglob("*.py"):
+        tree = ast.parse(path.read_text(), str(path))
+        probes += sum(
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("hasattr", "getattr")
+            for node in ast.walk(tree)
+        )
+        if within(module_name(path), ("copes.agents", "copes.optimizers")):
+            assert "runtime_checkable" not in path.read_text(), path
+    assert 0 < probes < 50

@@ -226,8 +226,11 @@ class PolicyServer:
         """A request may restate the temperature and top-p it is sampled with (its step's,
         or the run's for sessionless requests), not change them."""
         sampling = sampling or self.sampling
-        for name, ours in (("temperature", sampling.temperature), ("top_p", sampling.top_p)):
-            theirs = getattr(request, name)
+        restated = (
+            ("temperature", sampling.temperature, request.temperature),
+            ("top_p", sampling.top_p, request.top_p),
+        )
+        for name, ours, theirs in restated:
             if theirs is not None and theirs != ours:
                 raise ServeError(
                     400,
