@@ -47,7 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
         "aime25, hotpotqa, 2wiki, musique, synthetic-math, synthetic-qa, rg:<reasoning-gym "
         "dataset>, or another package's",
     )
-    parser.add_argument("--pass-k", type=_ints, default=[1, 4, 16], help="k values, e.g. 1,4,16")
+    parser.add_argument(
+        "--pass-k", type=_ints, default=None,
+        help="k values, e.g. 1,4,16 (default: those of 1,4,16 that do not exceed n)",
+    )  # fmt: skip
     parser.add_argument(
         "-n",
         "--num-samples",
@@ -230,7 +233,7 @@ def run(args: argparse.Namespace) -> int:
     from copes.evaluation.rescore import rescore
     from copes.evaluation.resume import read_eval_config
     from copes.evaluation.samples import check_stored_samples
-    from copes.evaluation.summary import check_ks
+    from copes.evaluation.summary import check_ks, default_ks
     from copes.registry import resolve_benchmarks
 
     out = Path(args.out)
@@ -252,6 +255,15 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--out {out} is a file; name a folder (it is created if missing)")
         check_device(args.device)
         check_dtype(args.dtype)
+        if args.pass_k is None:
+            args.pass_k, dropped = default_ks(args.n)
+            if dropped:
+                print(
+                    f"copes-eval: pass@k for k = {', '.join(map(str, args.pass_k))}; "
+                    f"{', '.join(map(str, dropped))} need more than n = {args.n} samples "
+                    "(--pass-k chooses)",
+                    file=sys.stderr,
+                )
         check_ks(args.pass_k, args.n)
         check_count("math", args.demonstrations)  # both kinds have as many examples
         if not args.no_resume:

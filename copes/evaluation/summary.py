@@ -12,6 +12,13 @@ from copes.evaluation.passk import majority_at_n, mean_at_n, pass_at_k
 from copes.evaluation.report import BenchmarkResult
 from copes.registry import Benchmark
 
+DEFAULT_KS = (1, 4, 16)
+
+
+def default_ks(n: int) -> tuple[list[int], list[int]]:
+    """(the default k that n samples allow, those left out): pass@k needs k <= n."""
+    return [k for k in DEFAULT_KS if k <= n], [k for k in DEFAULT_KS if k > n]
+
 
 def check_ks(ks: Iterable[int], n: int) -> list[int]:
     """`ks` sorted and deduplicated; ValueError unless every k is in [1, n]."""

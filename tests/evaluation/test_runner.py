@@ -194,6 +194,18 @@ def test_ks_above_n_fail_before_anything_is_loaded(tmp_path, capsys):
     assert not (tmp_path / "samples.jsonl").exists()
 
 
+def test_without_pass_k_the_default_ks_that_n_allows_are_used_and_the_rest_named(
+    tiny_agent_dir, tmp_path, capsys
+):
+    out = tmp_path / "one"
+    assert main(["--model", str(tiny_agent_dir), "--benchmarks", "synthetic-math", "--limit",
+                 "2", "-n", "1", "--quiet", "--out", str(out)]) == 0  # fmt: skip
+    err = capsys.readouterr().err
+    assert "pass@k for k = 1; 4, 16 need more than n = 1 samples" in err
+    report = json.loads((out / "report.json").read_text())
+    assert report["ks"] == [1]
+
+
 def test_unknown_benchmark_fails_with_the_known_names(tmp_path, capsys):
     assert main(["--model", "tiny", "--benchmarks", "gsm9k", "--out", str(tmp_path)]) == 2
     assert "known: gsm8k, math500" in capsys.readouterr().err
