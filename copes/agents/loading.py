@@ -154,12 +154,15 @@ def load_policy(
     trainable: bool = False,
     lora_members: int = 0,
     lora_rank: int = 0,
+    kv_cache_gib: float | None = None,
+    rows: int = 64,
 ) -> Policy:
     """The policy of `model` on `backend` ("hf": transformers, CPU or GPU; "vllm").
 
     With vLLM, `trainable` also loads a transformers copy for GRPO to train, and
     `lora_members` > 0 serves that many rank-`lora_rank` adapters in one batch (the low-rank
-    population); the engine's dtype is vLLM's (`auto`: the model's).
+    population); the engine's dtype is vLLM's (`auto`: the model's); its KV cache takes
+    `kv_cache_gib`, or on a CPU what `rows` episodes at once need (`copes.agents.vllm.kv_space`).
     """
     if backend == "vllm":
         try:
@@ -172,7 +175,8 @@ def load_policy(
             tensor_parallel_size=tensor_parallel_size,
             gpu_memory_utilization=gpu_memory_utilization, trainable=trainable,
             chat_template_kwargs=chat_template_kwargs,
-            lora_members=lora_members, lora_rank=lora_rank,
+            lora_members=lora_members, lora_rank=lora_rank, rows=rows,
+            kv_cache_bytes=None if kv_cache_gib is None else int(kv_cache_gib * 2**30),
         )  # fmt: skip
     if backend != "hf":
         raise ValueError(f"unknown backend {backend!r}; choose hf or vllm")

@@ -123,6 +123,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--batch-episodes", type=int, default=64, help="episodes rolled out together"
     )
     parser.add_argument(
+        "--kv-cache-gib",
+        type=float,
+        default=None,
+        help="vllm: GiB for the KV cache (default on a CPU: what --batch-episodes rows need, "
+        "copes.agents.vllm.kv_space; on a GPU: vLLM's own share of the GPU)",
+    )
+    parser.add_argument(
         "--no-resume", action="store_true", help="discard samples already in OUT and start over"
     )
     parser.add_argument(
@@ -194,6 +201,7 @@ def _evaluate_one(model: str, out: Path, args: argparse.Namespace, sampling: Any
     policy = load_policy(
         model, backend=args.backend, device=args.device, dtype=args.dtype,
         seed=args.seed, tensor_parallel_size=args.tensor_parallel_size,
+        kv_cache_gib=args.kv_cache_gib, rows=args.batch_episodes,
         chat_template_kwargs=template_kwargs_for(args.enable_thinking, args.chat_template_kwargs),
     )  # fmt: skip
     try:
@@ -249,6 +257,8 @@ def run(args: argparse.Namespace) -> int:
         from copes.envs.demonstrations import check_count
         from copes.errors import UserError, check_device
 
+        if args.kv_cache_gib is not None and not args.kv_cache_gib > 0:
+            raise UserError(f"--kv-cache-gib must be > 0, got {args.kv_cache_gib}")
         if args.limit is not None and args.limit < 1:
             raise UserError(f"--limit must be >= 1 (problems per benchmark), got {args.limit}")
         if out.exists() and not out.is_dir():

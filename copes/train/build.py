@@ -69,10 +69,13 @@ def env_factory(config: TrainConfig, call_format: str = "tags") -> Callable[[], 
     return make
 
 
-def build_policy(config: TrainConfig, lora: tuple[int, int] | None = None) -> Policy:
+def build_policy(
+    config: TrainConfig, lora: tuple[int, int] | None = None, rows: int = 64
+) -> Policy:
     """The policy of a run (`copes.agents.loading.load_policy`); with vLLM, GRPO also gets a
     transformers copy to train, and `lora` = (members, rank) starts the engine's multi-LoRA
-    serving for a batched low-rank population."""
+    serving for a batched low-rank population; `rows`: the episodes it plays at once (what
+    its KV cache is sized for on a CPU)."""
     from copes.agents.chat import template_kwargs_for
     from copes.agents.loading import load_policy
 
@@ -85,6 +88,7 @@ def build_policy(config: TrainConfig, lora: tuple[int, int] | None = None) -> Po
         gpu_memory_utilization=config.gpu_memory_utilization,
         trainable=get_optimizer(config.optimizer).gradients,
         lora_members=lora[0] if lora else 0, lora_rank=lora[1] if lora else 0,
+        kv_cache_gib=config.kv_cache_gib, rows=rows,
     )  # fmt: skip
 
 

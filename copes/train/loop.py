@@ -93,7 +93,9 @@ class Trainer:
         import torch
 
         torch.manual_seed(c.seed)
-        self.policy = build_policy(c, lora_population(c, opt_config))
+        lora = lora_population(c, opt_config)
+        rows = c.batch_size * opt_config.samples_per_task * (lora[0] if lora else 1)
+        self.policy = build_policy(c, lora, max(rows, c.eval_tasks * c.eval_samples))
         from copes.agents.chat import resolve_call_format
 
         self.call_format = resolve_call_format(c.call_format, self.policy.chat)

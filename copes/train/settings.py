@@ -18,7 +18,7 @@ RESUMABLE_CHANGES = frozenset(
         "steps", "max_tokens", "max_seconds", "max_cpu_seconds", "resume", "progress",
         "tensorboard", "out_dir", "report_to",
         "eval_every", "checkpoint_every", "keep_checkpoints", "workers", "ray_address",
-        "checksum_every", "gpu_memory_utilization", "population_eval",
+        "checksum_every", "gpu_memory_utilization", "kv_cache_gib", "population_eval",
         "host", "port", "api_key", "step_timeout", "request_timeout",  # the server's waits
     }
 )  # fmt: skip
@@ -116,6 +116,11 @@ class TrainConfig:
     backend: str = flag("generation backend: hf (transformers) or vllm", "hf")
     tensor_parallel_size: int = flag("vllm: GPUs one engine spans", 1)
     gpu_memory_utilization: float = flag("vllm: fraction of GPU memory the engine takes", 0.85)
+    kv_cache_gib: float | None = flag(
+        "vllm: GiB for the KV cache (default on a CPU: what the batch needs, copes.agents"
+        ".vllm.kv_space; on a GPU: vLLM's share of --gpu-memory-utilization)",
+        None,
+    )
     report_to: str = flag(
         "where metrics go besides metrics.jsonl: tensorboard, wandb, trackio (comma-separated) "
         "or none",
@@ -197,6 +202,8 @@ class TrainConfig:
             from copes.agents.loading import check_dtype
 
             check_dtype(self.dtype)
+        if self.kv_cache_gib is not None and not self.kv_cache_gib > 0:
+            raise ValueError(f"--kv-cache-gib must be > 0, got {self.kv_cache_gib}")
         if self.keep_checkpoints < 1:
             raise ValueError(f"keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
         if not 0 <= self.demonstrations <= 2:

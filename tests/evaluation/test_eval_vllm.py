@@ -43,3 +43,21 @@ def test_greedy_pass_at_1_and_samples_match_the_transformers_backend(tmp_path, t
     assert len(samples["vllm"]) == len(samples["hf"]) == 6
     for ours, theirs in zip(samples["vllm"], samples["hf"], strict=True):
         assert {k: ours[k] for k in keys} == {k: theirs[k] for k in keys}
+
+
+def test_the_engine_gets_the_kv_space_the_batch_needs(tiny_agent_dir, monkeypatch):
+    """Not a share of the host's RAM (vLLM's default on a CPU): copes' formula reaches the
+    engine's own cache config (--kv-cache-gib sets the same field by hand)."""
+    from transformers import AutoConfig
+
+    from copes.agents.loading import load_policy
+    from copes.agents.vllm.kv_space import cpu_kv_cache_bytes, kv_bytes_per_token
+
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)  # vLLM's legacy override
+    config = AutoConfig.from_pretrained(tiny_agent_dir)
+    expected = cpu_kv_cache_bytes(kv_bytes_per_token(config, 4), config.max_position_embeddings, 8)
+    policy = load_policy(str(tiny_agent_dir), backend="vllm", device="cpu", dtype="float32", rows=8)
+    try:
+        assert policy.llm.llm_engine.vllm_config.cache_config.kv_cache_memory_bytes == expected
+    finally:
+        policy.close()

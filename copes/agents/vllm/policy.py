@@ -29,6 +29,12 @@ import torch
 from copes.agents.chat import ChatFormat
 from copes.agents.models import resolve_model_path
 from copes.agents.policy import ChatGeneration, FinishReason, Generation, SamplingConfig
+from copes.agents.vllm.kv_space import (
+    DEFAULT_ROWS,
+    ROW_TOKENS,
+    cpu_kv_cache_bytes,
+    kv_bytes_per_token,
+)
 
 if TYPE_CHECKING:
     from copes.agents.vllm.population import VLLMLowRankPopulation
@@ -118,6 +124,40 @@ def lora_engine_options(members: int, rank: int) -> dict[str, Any]:
     }
 
 
+def _cpu_kv_space(
+    path: str,
+    dtype: str,
+    max_model_len: int | None,
+    rows: int,
+    trust_remote_code: bool,
+    platform_dtype: torch.dtype,
+) -> int | None:
+    """The KV space of an engine on this CPU (`cpu_kv_cache_bytes`); None where
+    VLLM_CPU_KVCACHE_SPACE is set (vLLM's own setting then decides, as it always did)."""
+    import os
+
+    from transformers import AutoConfig
+
+    if os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        return None
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    text = config.get_text_config()
+    # The engine's dtype by vLLM's rule (vllm/config/model.py `_resolve_auto_dtype`): `auto`
+    # keeps a 16-bit checkpoint's dtype and downcasts float32 to the platform's first one.
+    if dtype == "auto":
+        chosen = text.dtype if text.dtype in (torch.bfloat16, torch.float16) else platform_dtype
+    else:
+        chosen = getattr(torch, {"float": "float32", "half": "float16"}.get(dtype, dtype))
+    dtype_bytes = chosen.itemsize
+    context = max_model_len or text.max_position_embeddings
+    space = cpu_kv_cache_bytes(kv_bytes_per_token(config, dtype_bytes), context, rows)
+    logger.info(
+        "vLLM KV cache on this CPU: %.2f GiB (%d rows x %d tokens, or one %d-token context; "
+        "--kv-cache-gib sets it)", space / 2**30, rows, ROW_TOKENS, context,
+    )  # fmt: skip
+    return space
+
+
 class VLLMPolicy(ChatGeneration):
     """A `vllm.LLM` behind the `Policy` interface.
 
@@ -190,6 +230,8 @@ class VLLMPolicy(ChatGeneration):
         chat_template_kwargs: dict[str, Any] | None = None,
         lora_members: int = 0,
         lora_rank: int = 0,
+        kv_cache_bytes: int | None = None,
+        rows: int = DEFAULT_ROWS,
         **llm_kwargs: Any,
     ) -> VLLMPolicy:
         """Start an engine on a hub id, a local HF folder or `tiny`.
@@ -197,7 +239,9 @@ class VLLMPolicy(ChatGeneration):
         `trainable=True` also loads a transformers copy on `device` in `trainable_dtype`
         (fp32: a 1e-6 AdamW step vanishes in bf16) for GRPO. `lora_members` > 0 enables
         vLLM's multi-LoRA serving for that many rank-`lora_rank` adapters in one batch (the
-        low-rank population, `copes.agents.vllm.population`).
+        low-rank population, `copes.agents.vllm.population`). `kv_cache_bytes` sets the KV
+        cache's memory (on a GPU too); unset on a CPU, it is computed for `rows` episodes at
+        once (`copes.agents.vllm.kv_space`), never a share of the host's RAM.
         """
         try:
             from vllm import LLM
@@ -231,6 +275,13 @@ class VLLMPolicy(ChatGeneration):
             kwargs["hf_overrides"] = override
         if lora_members:
             kwargs.update(lora_engine_options(lora_members, lora_rank))
+        if kv_cache_bytes is None and on_cpu:
+            kv_cache_bytes = _cpu_kv_space(
+                path, dtype, max_model_len, rows, trust_remote_code,
+                current_platform.supported_dtypes[0],
+            )  # fmt: skip
+        if kv_cache_bytes is not None:
+            kwargs["kv_cache_memory_bytes"] = int(kv_cache_bytes)
         kwargs.update(llm_kwargs)
         llm = LLM(path, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
