@@ -30,11 +30,16 @@ class _ExactLengths:
 
 
 def measure_generate(
-    policy: Any, prompts: list[list[int]], lengths: list[int], seed: int
+    policy: Any,
+    prompts: list[list[int]],
+    lengths: list[int],
+    seed: int,
+    cache_implementation: str | None = None,
 ) -> tuple[float, int]:
     """One plain batched `model.generate` over `prompts`, row i producing exactly
     `lengths[i]` tokens (finished rows are padded until the longest ends, as `generate`
-    does). Returns (seconds, tokens generated)."""
+    does), with transformers' default KV cache or `cache_implementation` ("static").
+    Returns (seconds, tokens generated)."""
     from transformers import GenerationConfig, LogitsProcessorList
 
     if min(lengths) < 1:
@@ -49,6 +54,7 @@ def measure_generate(
     config = GenerationConfig(
         max_new_tokens=max(lengths), do_sample=True,
         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+        cache_implementation=cache_implementation,
     )  # fmt: skip
     processors = LogitsProcessorList([_ExactLengths(lengths, width, tok.eos_token_id)])
     torch.manual_seed(seed)

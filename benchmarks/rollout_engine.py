@@ -7,11 +7,13 @@ demonstrations at temperature 1:
 1. **copes**: the tasks x samples episodes through `rollout` (the one episode loop, tools and
    grading included) in batches of `--batch-episodes`, as copes-eval plays them; tokens/s =
    generated tokens / seconds of those rollouts.
-2. **plain**: the same engine, from the same first prompts, generating exactly as many tokens
-   per row as that row's episode generated in all its turns, in the same batches. vLLM: a
-   fresh `vllm.LLM` as a user starts it (vLLM's defaults, packed CPU weights included; the
-   same KV space as copes' engine), each row `min_tokens = max_tokens = n_i`; transformers: one
-   `model.generate` a batch, row i ending at exactly n_i (`_raw_generate`).
+2. **plain**: the same engine, from the same first prompts, generating as many tokens as the
+   episodes did in all their turns, in the same batches. vLLM: a fresh `vllm.LLM` as a user
+   starts it (vLLM's defaults, packed CPU weights included; the same KV space as copes'
+   engine), each row exactly its episode's count (`min_tokens = max_tokens = n_i`);
+   transformers: one `model.generate` a batch with the static KV cache, every row at the
+   batch's mean count (`generate` has no per-row lengths; `--exact` also measures rows at
+   their own counts, which decode until the batch's longest row ends).
 3. **end to end** (`--e2e`): copes-eval on the same tasks in a subprocess: its generated
    tokens over its own evaluation seconds, and the peak RSS of its whole process tree
    (`peak_rss.py`).
@@ -54,6 +56,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dtype", default="bfloat16", help="hf: float32 or bfloat16")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--e2e", action="store_true", help="also copes-eval end to end")
+    parser.add_argument(
+        "--exact", action="store_true",
+        help="hf: also the plain baseline at each row's own length (slow: padding steps)",
+    )  # fmt: skip
     parser.add_argument("--out", required=True, help="JSON file to write")
     return parser.parse_args(argv)
 
@@ -150,16 +156,24 @@ def plain_vllm(policy: Any, prompts: list[list[list[int]]], lengths: list[list[i
 
 
 def plain_hf(policy: Any, prompts: list[list[list[int]]], lengths: list[list[int]], args: Any):
-    """One `model.generate` a batch, row i ending at exactly its episode's token count."""
+    """One `model.generate` a batch with transformers' static KV cache, every row at the
+    batch's mean length (as issue 50 measured it): `generate` has no per-row lengths, and
+    rows at their own lengths would keep the batch decoding until its longest row ends (a
+    wasted step for every shorter row; measured here too, `exact_lengths`)."""
     from _raw_generate import measure_generate
 
-    seconds, tokens = 0.0, 0
-    for index, (batch, counts) in enumerate(zip(prompts, lengths, strict=True)):
-        spent, made = measure_generate(
-            policy, batch, [max(1, n) for n in counts], args.seed + index
-        )
-        seconds, tokens = seconds + spent, tokens + made
-    return {"seconds": seconds, "generated_tokens": tokens, "tokens_per_s": tokens / seconds}
+    def run(exact: bool, cache: str | None) -> dict[str, float]:
+        seconds, tokens = 0.0, 0
+        for index, (batch, counts) in enumerate(zip(prompts, lengths, strict=True)):
+            mean = max(1, round(sum(counts) / len(counts)))
+            rows = [max(1, n) for n in counts] if exact else [mean] * len(counts)
+            spent, made = measure_generate(policy, batch, rows, args.seed + index, cache)
+            seconds, tokens = seconds + spent, tokens + made
+        return {"seconds": seconds, "generated_tokens": tokens, "tokens_per_s": tokens / seconds}
+
+    plain = run(exact=False, cache="static")
+    plain["exact_lengths_default_cache"] = run(exact=True, cache=None) if args.exact else None
+    return plain
 
 
 def end_to_end(args: argparse.Namespace) -> dict[str, Any]:
