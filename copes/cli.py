@@ -149,6 +149,8 @@ def _file_value(name: str, annotation: Any, value: Any, source: str) -> Any:
             raise ValueError(f"{source}: {flag} must be one of {args}, got {value!r}")
         return value
     kind = args[0] if args else annotation
+    if kind is int and isinstance(value, int) and not isinstance(value, bool):
+        return value  # as written: a float would round a large integer (a seed)
     if kind in (int, float):
         what = "an integer" if kind is int else "a number"
         try:

@@ -93,9 +93,13 @@ def test_parsing_gives_the_typed_settings_the_trainer_takes(tmp_path):
     assert isinstance(lora, GRPOConfig) and lora.lora and lora.adam_betas == [0.8, 0.99]
     assert lora.samples_per_task == lora.group_size
     file = tmp_path / "run.yaml"
-    file.write_text("optimizer: copes\npopulation-size: '12'\nantithetic: true\nsteps: 3\n")
+    file.write_text(
+        "optimizer: copes\npopulation-size: '12'\nantithetic: true\nsteps: 3\n"
+        "seed: 12345678901234567\n"
+    )
     config, copes, _ = parse_train_args(["--config", str(file), "--no-antithetic", "--sigma=0.5"])
     assert (config.optimizer, config.steps) == ("copes", 3)
+    assert config.seed == copes.seed == 12345678901234567  # not rounded through a float
     assert (copes.population_size, copes.antithetic, copes.sigma) == (12, False, 0.5)
     assert copes.samples_per_task == 1 and config.rollout_temperature == config.es_temperature
 
