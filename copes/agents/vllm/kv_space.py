@@ -12,9 +12,10 @@ machine for a 135M model. copes passes `kv_cache_memory_bytes` instead:
 episodes) and ROW_TOKENS what a row holds beside the prefix it shares: with prefix caching
 the demonstrations and the task prompt of a task's samples are one set of blocks, and a row
 adds its turns and tool outputs. The context term keeps room for one whole sequence, which
-vLLM checks at start (an eighth more for its block layout). Every layer is counted as full attention (vLLM's worst case). Too small
-a space costs speed (vLLM preempts and recomputes rows), never a result. `--kv-cache-gib`
-(copes-train, copes-eval) sets it by hand, on a GPU too.
+vLLM checks at start (an eighth more for its block layout). Every layer is counted as full
+attention (vLLM's worst case). Too small a space costs speed (vLLM preempts and recomputes
+rows), never a result. `--kv-cache-gib` (copes-train, copes-eval) sets it by hand, on a GPU
+too.
 """
 
 from __future__ import annotations
