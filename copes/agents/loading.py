@@ -155,7 +155,7 @@ def load_policy(
     lora_members: int = 0,
     lora_rank: int = 0,
     kv_cache_gib: float | None = None,
-    rows: int = 64,
+    rows: int | None = None,
 ) -> Policy:
     """The policy of `model` on `backend` ("hf": transformers, CPU or GPU; "vllm").
 

@@ -70,7 +70,7 @@ def env_factory(config: TrainConfig, call_format: str = "tags") -> Callable[[], 
 
 
 def build_policy(
-    config: TrainConfig, lora: tuple[int, int] | None = None, rows: int = 64
+    config: TrainConfig, lora: tuple[int, int] | None = None, rows: int | None = None
 ) -> Policy:
     """The policy of a run (`copes.agents.loading.load_policy`); with vLLM, GRPO also gets a
     transformers copy to train, and `lora` = (members, rank) starts the engine's multi-LoRA

@@ -32,7 +32,12 @@ CONTEXT_ROOM = 8
 
 def kv_bytes_per_token(config: Any, dtype_bytes: int) -> int:
     """Keys and values of one token in every layer of the model `config` describes (a
-    transformers config; a multimodal one's `text_config` is its decoder)."""
+    transformers config; a multimodal one's `text_config` is its decoder).
+
+    Not `copes.memory.kv_cache_bytes`: that one counts a sliding-window layer at its window
+    and needs the model built on the meta device (`ModelShape`); the engine's start check
+    needs the full-attention bound, read from the config alone before the engine starts.
+    """
     text = config.get_text_config()
     heads = text.num_attention_heads
     # Optional in transformers configs: families without GQA or with head_dim = hidden / heads

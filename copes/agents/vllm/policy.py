@@ -231,7 +231,7 @@ class VLLMPolicy(ChatGeneration):
         lora_members: int = 0,
         lora_rank: int = 0,
         kv_cache_bytes: int | None = None,
-        rows: int = DEFAULT_ROWS,
+        rows: int | None = None,
         **llm_kwargs: Any,
     ) -> VLLMPolicy:
         """Start an engine on a hub id, a local HF folder or `tiny`.
@@ -241,7 +241,8 @@ class VLLMPolicy(ChatGeneration):
         vLLM's multi-LoRA serving for that many rank-`lora_rank` adapters in one batch (the
         low-rank population, `copes.agents.vllm.population`). `kv_cache_bytes` sets the KV
         cache's memory (on a GPU too); unset on a CPU, it is computed for `rows` episodes at
-        once (`copes.agents.vllm.kv_space`), never a share of the host's RAM.
+        once (default: copes-eval's batch of 64; `copes.agents.vllm.kv_space`), never a share
+        of the host's RAM.
         """
         try:
             from vllm import LLM
@@ -277,7 +278,7 @@ class VLLMPolicy(ChatGeneration):
             kwargs.update(lora_engine_options(lora_members, lora_rank))
         if kv_cache_bytes is None and on_cpu:
             kv_cache_bytes = _cpu_kv_space(
-                path, dtype, max_model_len, rows, trust_remote_code,
+                path, dtype, max_model_len, rows or DEFAULT_ROWS, trust_remote_code,
                 current_platform.supported_dtypes[0],
             )  # fmt: skip
         if kv_cache_bytes is not None:
