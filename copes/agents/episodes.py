@@ -11,16 +11,18 @@ drives them with the sessions HTTP clients play. Nothing else runs turns.
 `play_episodes` runs the drivers in one of two ways:
 
 - **In the policy's own loop** (an `EpisodeRunner` whose `supports_episodes` is true: the
-  transformers backend): continuous batching with KV caches kept across turns; a row whose
-  turn ends leaves, its driver's `after_turn` runs in a worker thread while the others keep
-  decoding, and the row re-joins on the loop's deterministic schedule.
-- **Turn by turn** (any other policy, e.g. vLLM, whose engine schedules rows itself): every
-  turn, the unfinished episodes with the same limits are generated in one batched call (a
-  population's `generate_turn`: each row with its member; else `generate_ids` with the
-  turn's seed, `turn_seed`), then every driver's `after_turn` runs, in parallel threads.
+  transformers backend with its KV caches kept across turns, vLLM through its engine's
+  scheduler): continuous batching; a row whose turn ends leaves, its driver's `after_turn`
+  runs in a worker thread while the others keep decoding, and the row re-joins on the
+  loop's schedule.
+- **Turn by turn** (any other policy: a model whose cache the transformers loop cannot
+  re-arrange, a scripted policy): every turn, the unfinished episodes with the same limits
+  are generated in one `generate_ids` call with the turn's seed (`turn_seed`), then every
+  driver's `after_turn` runs, in parallel threads.
 
-A population served as one policy (`PopulationRows`) is told each started episode's member,
-stream and seed through `assign`, in the order the loop runs them.
+A population served as one policy (`PopulationRows`) is told each started episode's member
+and sampling stream through `assign`, in the order the loop runs them; it always runs in its
+own loop.
 
 **Two schedules** decide when an episode's turns join the batch (`EpisodeFeed.schedule`):
 
@@ -55,6 +57,10 @@ Limits = tuple[tuple[str, ...], int]  # a turn's stop strings and its most new t
 Schedule = Literal["deterministic", "as-they-come"]
 SCHEDULES: tuple[Schedule, ...] = ("deterministic", "as-they-come")
 
+# The deterministic schedule: a row whose turn ended at decode step s re-joins before step
+# s + 1 + TOOL_OVERLAP_STEPS (its `after_turn`, a tool call, overlaps that many steps).
+TOOL_OVERLAP_STEPS = 3
+
 
 @dataclass(frozen=True)
 class Reprompt:
@@ -79,6 +85,13 @@ class EpisodeDriver(Protocol):
     def after_turn(self, generation: Generation) -> Sequence[int] | Reprompt | None:
         """Take a finished turn; what follows it, or None when the episode is over."""
         ...
+
+
+# What a policy's own loop calls after each turn of episode i (`EpisodeRunner`), and each
+# episode's (stop strings, max new tokens) for its current turn when they differ per episode
+# (a served session's request sets them; default: the sampling config's).
+NextTurn = Callable[[int, "Generation"], "Sequence[int] | Reprompt | None"]
+TurnLimits = Callable[[int], Limits]
 
 
 def turn_seed(seed: int, turn: int) -> int:
@@ -267,31 +280,15 @@ def runs_episodes(policy: Policy) -> bool:
     return bool(policy.supports_episodes)
 
 
-class PopulationRows(Protocol):
+class PopulationRows(EpisodeRunner, Protocol):
     """A population served as one policy: each row of the next rollout computes with its
-    member (`copes.agents.hf.population.PopulationPolicy`, the vLLM LoRA population)."""
+    member (`copes.agents.hf.population.PopulationPolicy`, the vLLM LoRA population), in
+    its own episode loop."""
 
-    def assign(
-        self,
-        members: Sequence[int],
-        streams: Sequence[int],
-        seeds: Sequence[int | None] | None = None,
-    ) -> None:
-        """Each episode's member slot, its episode-loop stream, its turn-by-turn seed."""
+    def assign(self, members: Sequence[int], streams: Sequence[int]) -> None:
+        """Each episode's member slot and the sampling stream it has when its member runs
+        alone."""
         ...
-
-
-class TurnPopulation(PopulationRows, Protocol):
-    """A population that runs turn by turn (vLLM schedules rows itself): one call per turn
-    over the unfinished episodes, each row sampling as its member alone would."""
-
-    def generate_turn(
-        self,
-        prompts: Sequence[Sequence[int]],
-        sampling: SamplingConfig,
-        episodes: Sequence[int],
-        turn: int,
-    ) -> list[Generation]: ...
 
 
 @dataclass
@@ -321,7 +318,8 @@ def play_episodes(
 ) -> LoopStats:
     """Run every driver's episode to its end (see the module docstring).
 
-    `continuous` False runs turn by turn even with a policy that has its own loop;
+    `continuous` False runs turn by turn even with a policy that has its own loop (not a
+    population, which serves only through its loop);
     `assign(started)` is told the indices of the drivers the loop runs as episodes 0, 1, ...,
     before anything is generated (a population's rows): with the deterministic schedule,
     the drivers that started, in order; as they come, every driver (one that never starts
@@ -351,7 +349,7 @@ def play_episodes(
             active = [drivers[i] for i, _ in arrived]
             feed = EpisodeFeed.of([p for _, p in arrived], interjections=interjections)
         if active:
-            if continuous and runs_episodes(policy):
+            if (continuous or policy.serves_members) and runs_episodes(policy):
                 _in_policy_loop(policy, active, feed, sampling, threads, stats)
             else:
                 _turn_by_turn(policy, active, feed, sampling, threads, stats)
@@ -418,7 +416,8 @@ def _turn_by_turn(
     ready: dict[int, list[int]] = {}  # episode -> its next prompt
     turn_of: dict[int, int] = {}  # episode -> the turn it plays next
     pending: dict[int, tuple[Future, list[int]]] = {}  # after_turn running: (its future, seq)
-    population = policy.serves_members  # a `TurnPopulation`: it says so
+    if policy.serves_members:
+        raise ValueError(f"{type(policy).__name__} is a population: it runs only in its own loop")
     after, spent = _timed_after_turn(drivers)
 
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(drivers)))) as pool:
@@ -449,12 +448,9 @@ def _turn_by_turn(
                 rows = replace(sampling, stop=stops, max_new_tokens=length)
                 batch = [ready.pop(i) for i in indices]
                 begin = time.perf_counter()
-                if population:  # each row samples as its member alone would
-                    generations = policy.generate_turn(batch, rows, indices, turn)
-                else:
-                    if rows.seed is not None:
-                        rows = replace(rows, seed=turn_seed(rows.seed, turn))
-                    generations = policy.generate_ids(batch, rows)
+                if rows.seed is not None:
+                    rows = replace(rows, seed=turn_seed(rows.seed, turn))
+                generations = policy.generate_ids(batch, rows)
                 stats.generation_seconds += time.perf_counter() - begin
                 stats.generate_calls += 1
                 for index, prompt, generation in zip(indices, batch, generations, strict=True):

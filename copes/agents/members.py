@@ -25,8 +25,8 @@ class MemberBatch(Protocol):
 
     @property
     def policy(self) -> Any:
-        """What the rollout drives: a population policy (`assign`, then its episode loop or
-        `generate_turn`), each row with its member's weights."""
+        """What the rollout drives: a population policy (`assign`, then its episode loop),
+        each row with its member's weights."""
         ...
 
     def load(self, members: Sequence[Perturbation]) -> list[float]:

@@ -36,7 +36,6 @@ class SessionSpec:
     slot: int | None
     task: Any
     stream: int | None = None
-    seed: int | None = None  # the member's turn-by-turn sampling seed (vLLM populations)
 
 
 class ServedStep:

@@ -148,9 +148,7 @@ def _serve_step(
 
             def assign(started: list[int]) -> None:  # each started session's member row
                 rows = [specs[i] for i in started]
-                engine_policy.assign(
-                    [s.slot for s in rows], [s.stream or 0 for s in rows], [s.seed for s in rows]
-                )
+                engine_policy.assign([s.slot for s in rows], [s.stream or 0 for s in rows])
 
         # Every session waits on its client: one thread each. Sessionless requests are
         # interjected into the loop while it runs.
@@ -196,7 +194,7 @@ class ServedEvaluator(BatchedEvaluator):
         check_members(self.members, members)
         weight_seconds = self.members.load(members)
         plan = self.rollout.population_plan(step, [m.member for m in members])
-        specs = [SessionSpec(e.member, e.slot, e.task, e.stream, e.seed) for e in plan]
+        specs = [SessionSpec(e.member, e.slot, e.task, e.stream) for e in plan]
         sampling = self.rollout.sampling_of(step, members[0].member)
         served = self.server.open_step(step, specs, sampling=sampling)
         self.last_served = served  # its sessions' records, for diagnostics and tests

