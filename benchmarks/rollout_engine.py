@@ -10,7 +10,8 @@ demonstrations at temperature 1:
 2. **plain**: the same engine, from the same first prompts, generating as many tokens as the
    episodes did in all their turns, in the same batches. vLLM: a fresh `vllm.LLM` as a user
    starts it (vLLM's defaults, packed CPU weights included; the same KV space as copes'
-   engine), each row exactly its episode's count (`min_tokens = max_tokens = n_i`);
+   engine), each row exactly its episode's count (`min_tokens = max_tokens = n_i`); and the
+   same with its engine core in this process, as copes runs it on a CPU (`plain_in_process`);
    transformers: one `model.generate` a batch with the static KV cache, every row at the
    batch's mean count (`generate` has no per-row lengths; `--exact` also measures rows at
    their own counts, which decode until the batch's longest row ends).
@@ -59,6 +60,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--exact", action="store_true",
         help="hf: also the plain baseline at each row's own length (slow: padding steps)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--weight-access", action="store_true",
+        help="vllm: start copes' engine as copes-train does (weights ES can change in place: "
+        "unpacked on a CPU) instead of as copes-eval does (vLLM's own layout)",
     )  # fmt: skip
     parser.add_argument("--out", required=True, help="JSON file to write")
     return parser.parse_args(argv)
@@ -118,15 +124,23 @@ def copes_rollouts(policy: Any, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def plain_vllm(policy: Any, prompts: list[list[list[int]]], lengths: list[list[int]], args: Any):
-    """A fresh engine with vLLM's defaults (the same KV space), the same rows and lengths."""
+def plain_vllm(
+    source: str,
+    space: int,
+    prompts: list[list[list[int]]],
+    lengths: list[list[int]],
+    args: Any,
+    in_process: bool = False,
+) -> dict[str, float]:
+    """A fresh engine with vLLM's defaults (the same KV space), the same rows and lengths;
+    `in_process`: its engine core in this process."""
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    space = policy.llm.llm_engine.vllm_config.cache_config.kv_cache_memory_bytes
-    source = policy.source
-    policy.close()  # one engine at a time
-    llm = LLM(source, seed=args.seed, kv_cache_memory_bytes=space)
+    from copes.agents.vllm.policy import multiprocessing_setting
+
+    with multiprocessing_setting(not in_process):
+        llm = LLM(source, seed=args.seed, kv_cache_memory_bytes=space)
     try:
         warm = [TokensPrompt(prompt_token_ids=prompts[0][0])]
         llm.generate(warm, SamplingParams(max_tokens=4), use_tqdm=False)
@@ -152,6 +166,10 @@ def plain_vllm(policy: Any, prompts: list[list[list[int]]], lengths: list[list[i
             tokens += sum(got)
     finally:
         llm.llm_engine.engine_core.shutdown()
+        if in_process:
+            from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+            cleanup_dist_env_and_memory()
     return {"seconds": seconds, "generated_tokens": tokens, "tokens_per_s": tokens / seconds}
 
 
@@ -225,13 +243,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     policy = load_policy(
         args.model, backend=args.backend, device="cpu", seed=args.seed,
         dtype=args.dtype if args.backend == "hf" else None, rows=args.batch_episodes,
+        weight_access=args.weight_access,
     )  # fmt: skip
     warm = argparse.Namespace(**{**vars(args), "tasks": 2, "samples": 2})
     copes_rollouts(policy, warm)  # sandbox sessions, grader workers, first-call costs
     copes = copes_rollouts(policy, args)
     prompts, lengths = copes.pop("_prompts"), copes.pop("_lengths")
+    extra: dict[str, Any] = {}
     if args.backend == "vllm":
-        plain = plain_vllm(policy, prompts, lengths, args)
+        space = policy.llm.llm_engine.vllm_config.cache_config.kv_cache_memory_bytes
+        extra["copes_engine_in_process"] = policy.in_process
+        policy.close()  # one engine at a time
+        plain = plain_vllm(policy.source, space, prompts, lengths, args)
+        inside = plain_vllm(policy.source, space, prompts, lengths, args, in_process=True)
+        extra["plain_in_process"] = inside
+        extra["ratio_copes_to_plain_in_process"] = copes["tokens_per_s"] / inside["tokens_per_s"]
     else:
         plain = plain_hf(policy, prompts, lengths, args)
         policy.close()
@@ -246,6 +272,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "copes": copes,
         "plain": plain,
         "ratio_copes_to_plain": copes["tokens_per_s"] / plain["tokens_per_s"],
+        **extra,
     }
     if args.e2e:
         result["end_to_end"] = end_to_end(args)

@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             batch = play(
                 population, [env], rollout.sampling_of(step, e.member),
                 options=[{"task": e.task}], max_context=rollout.max_context,
-                assign=lambda _, e=e: population.assign([e.slot], [e.stream], [e.seed]),
+                assign=lambda _, e=e: population.assign([e.slot], [e.stream]),
             )  # fmt: skip
             tokens += batch.stats.generated_tokens
         return tokens

@@ -156,13 +156,16 @@ def load_policy(
     lora_rank: int = 0,
     kv_cache_gib: float | None = None,
     rows: int | None = None,
+    weight_access: bool = True,
 ) -> Policy:
     """The policy of `model` on `backend` ("hf": transformers, CPU or GPU; "vllm").
 
     With vLLM, `trainable` also loads a transformers copy for GRPO to train, and
     `lora_members` > 0 serves that many rank-`lora_rank` adapters in one batch (the low-rank
     population); the engine's dtype is vLLM's (`auto`: the model's); its KV cache takes
-    `kv_cache_gib`, or on a CPU what `rows` episodes at once need (`copes.agents.vllm.kv_space`).
+    `kv_cache_gib`, or on a CPU what `rows` episodes at once need (`copes.agents.vllm.kv_space`);
+    `weight_access=False` (evaluation) starts it for generation only (on a CPU with vLLM's own
+    packed weights, the faster layout; `VLLMPolicy.from_pretrained`).
     """
     if backend == "vllm":
         try:
@@ -176,6 +179,7 @@ def load_policy(
             gpu_memory_utilization=gpu_memory_utilization, trainable=trainable,
             chat_template_kwargs=chat_template_kwargs,
             lora_members=lora_members, lora_rank=lora_rank, rows=rows,
+            weight_access=weight_access,
             kv_cache_bytes=None if kv_cache_gib is None else int(kv_cache_gib * 2**30),
         )  # fmt: skip
     if backend != "hf":

@@ -202,6 +202,7 @@ def _evaluate_one(model: str, out: Path, args: argparse.Namespace, sampling: Any
         model, backend=args.backend, device=args.device, dtype=args.dtype,
         seed=args.seed, tensor_parallel_size=args.tensor_parallel_size,
         kv_cache_gib=args.kv_cache_gib, rows=args.batch_episodes,
+        weight_access=False,  # an evaluation only generates: vLLM's own (faster) CPU layout
         chat_template_kwargs=template_kwargs_for(args.enable_thinking, args.chat_template_kwargs),
     )  # fmt: skip
     try:

