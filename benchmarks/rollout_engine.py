@@ -10,8 +10,9 @@ demonstrations at temperature 1:
 2. **plain**: the same engine, from the same first prompts, generating as many tokens as the
    episodes did in all their turns, in the same batches. vLLM: a fresh `vllm.LLM` as a user
    starts it (vLLM's defaults, packed CPU weights included; the same KV space as copes'
-   engine), each row exactly its episode's count (`min_tokens = max_tokens = n_i`); and the
-   same with its engine core in this process, as copes runs it on a CPU (`plain_in_process`);
+   engine), each row exactly its episode's count (`min_tokens = max_tokens = n_i`); the same
+   with its engine core in this process (`plain_in_process`); and the same requests on copes'
+   own engine, its layout and its engine core (`plain_same_engine`);
    transformers: one `model.generate` a batch with the static KV cache, every row at the
    batch's mean count (`generate` has no per-row lengths; `--exact` also measures rows at
    their own counts, which decode until the batch's longest row ends).
@@ -122,6 +123,27 @@ def copes_rollouts(policy: Any, args: argparse.Namespace) -> dict[str, Any]:
         "_prompts": prompts,
         "_lengths": lengths,
     }
+
+
+def plain_same_engine(
+    policy: Any, prompts: list[list[list[int]]], lengths: list[list[int]], args: Any
+) -> dict[str, float]:
+    """Plain generation on copes' own engine (its layout, its engine core), the same rows and
+    lengths in the same batches: what copes' loop adds on top of its engine."""
+    from vllm import SamplingParams
+
+    seconds, tokens = 0.0, 0
+    for index, (batch, counts) in enumerate(zip(prompts, lengths, strict=True)):
+        requests = [
+            (prompt, SamplingParams(temperature=args.temperature, max_tokens=n, min_tokens=n,
+                                    ignore_eos=True, seed=args.seed + 1000 * index + row), None)
+            for row, (prompt, n) in enumerate(zip(batch, counts, strict=True))
+        ]  # fmt: skip
+        start = time.perf_counter()
+        outputs = policy.requests.run(requests)
+        seconds += time.perf_counter() - start
+        tokens += sum(len(o.outputs[0].token_ids) for o in outputs)
+    return {"seconds": seconds, "generated_tokens": tokens, "tokens_per_s": tokens / seconds}
 
 
 def plain_vllm(
@@ -253,6 +275,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.backend == "vllm":
         space = policy.llm.llm_engine.vllm_config.cache_config.kv_cache_memory_bytes
         extra["copes_engine_in_process"] = policy.in_process
+        same = plain_same_engine(policy, prompts, lengths, args)
+        extra["plain_same_engine"] = same
+        extra["ratio_copes_to_plain_same_engine"] = copes["tokens_per_s"] / same["tokens_per_s"]
         policy.close()  # one engine at a time
         plain = plain_vllm(policy.source, space, prompts, lengths, args)
         inside = plain_vllm(policy.source, space, prompts, lengths, args, in_process=True)
