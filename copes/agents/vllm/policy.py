@@ -175,7 +175,7 @@ def engine_in_process(wanted: bool | None, on_cpu: bool, tensor_parallel_size: i
     to vLLM: the user set VLLM_ENABLE_V1_MULTIPROCESSING, or nothing is gained).
 
     On a CPU the engine's own process competes with this one for the same cores: plain
-    generation measured 1.7x faster in-process on 2 cores (docs/results.md), and only an
+    generation measured 1.6-1.8x faster in-process on 2 cores (docs/results.md), and only an
     engine stepped here makes the deterministic schedule's batches exact
     (`copes.agents.vllm.engine`). On a GPU vLLM's default (its engine process, which overlaps
     scheduling with the GPU's work) is kept."""
