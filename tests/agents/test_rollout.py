@@ -136,6 +136,17 @@ def test_rollout_is_reproducible_with_a_seed(tiny_policy):
     assert a.stats.generated_tokens == sum(t.num_generated_tokens for t in a)
 
 
+def test_as_they_come_each_episode_keeps_its_draws(tiny_policy):
+    """`schedule="as-they-come"` re-joins a row as soon as its env answered; each episode
+    still samples from its own stream, so on the tiny agent (float32) the tokens are the
+    deterministic schedule's (only float rounding of other batches could differ)."""
+    sampling = SamplingConfig(max_new_tokens=48, temperature=1.0, seed=5)
+    fixed = rollout(tiny_policy, make_envs(4)[0], sampling)
+    loose = rollout(tiny_policy, make_envs(4)[0], sampling, schedule="as-they-come")
+    assert [t.token_ids for t in loose] == [t.token_ids for t in fixed]
+    assert sum(t.turns for t in fixed) > len(fixed)  # tool calls: rows re-joined
+
+
 def test_stats_split_tool_calls_from_grading(tiny_policy):
     """RolloutStats sums the time inside tools and inside the grader, apart (es_overhead)."""
     import time
