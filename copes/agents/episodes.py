@@ -94,6 +94,24 @@ NextTurn = Callable[[int, "Generation"], "Sequence[int] | Reprompt | None"]
 TurnLimits = Callable[[int], Limits]
 
 
+def episode_stream(seed: int, index: int) -> int:
+    """The sampling stream of episode `index` of a loop seeded `seed` (both backends' own
+    loops; a population's member alone draws the same)."""
+    from copes.seeding import derive_seed
+
+    return derive_seed("episode-sampling", seed, index)
+
+
+def episode_streams(seed: int | None, count: int) -> list[int]:
+    """The streams of a loop's `count` episodes; without a seed, one draw from torch's
+    global generator decides them all (as a seedless `generate` would draw)."""
+    if seed is None:
+        import torch
+
+        seed = int(torch.randint(2**62, (1,)).item())
+    return [episode_stream(seed, i) for i in range(count)]
+
+
 def turn_seed(seed: int, turn: int) -> int:
     """The sampling seed of turn `turn` of a turn-by-turn loop (prompt i adds i)."""
     return seed + 1_000_003 * turn

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from copes.agents.episodes import episode_stream
 from copes.agents.policy import SamplingConfig
 from copes.agents.rollout import RolloutBatch, RolloutStats, rollout
 from copes.seeding import derive_seed
@@ -135,7 +136,7 @@ class TaskRollout:
                 # The stream this episode (index j) samples from when its member runs alone
                 # in the episode loop (either backend's).
                 seed = sampling.seed if sampling.seed is not None else self.seed
-                stream = derive_seed("episode-sampling", seed, j)
+                stream = episode_stream(seed, j)
                 episodes.append(
                     PlannedEpisode(slot, members[slot], j, tasks[j // self.samples], stream)
                 )

@@ -44,6 +44,7 @@ from copes.agents.episodes import (
     NextTurn,
     Reprompt,
     TurnLimits,
+    episode_streams,
 )
 from copes.agents.hf.kv_batch import KVBatch, SlotBatch
 from copes.agents.policy import FinishReason, Generation, SamplingConfig
@@ -148,16 +149,9 @@ class EpisodeEngine:
         self, episodes: Sequence[Sequence[int]] | EpisodeFeed, threads: int
     ) -> dict[str, float]:
         """Play the feed's episodes (a list of prompts: all arrived, deterministic)."""
-        from copes.seeding import derive_seed
-
         start = time.perf_counter()
         feed = episodes if isinstance(episodes, EpisodeFeed) else EpisodeFeed.of(episodes)
-        seed = self.sampling.seed
-        if seed is None:  # one draw from the global generator, as `generate` would make
-            seed = int(torch.randint(2**62, (1,)).item())
-        seeds = self.streams or [
-            derive_seed("episode-sampling", seed, i) for i in range(feed.count)
-        ]
+        seeds = self.streams or episode_streams(self.sampling.seed, feed.count)
         if len(seeds) != feed.count or (self.members and len(self.members) != feed.count):
             raise ValueError("one member and one stream per prompt")
         self.feed = feed

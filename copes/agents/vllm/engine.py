@@ -21,7 +21,7 @@ so there the batch, and so the float rounding, can vary from run to run. As they
 (served HTTP clients), episodes start when their first prompt arrives and a row's next turn
 is added as soon as its `next_turn` returned.
 
-Seeds. Episode i samples from the stream ``derive_seed("episode-sampling", seed, i)`` (the
+Seeds. Episode i samples from the stream `episode_stream(seed, i)` (the
 transformers loop's), or the stream a population assigns it (its member's); its turn t is the
 request seeded ``derive_seed("turn", stream, t)``. vLLM draws each seeded request's tokens
 from its own generator, so an episode's tokens depend on its stream and its logits only.
@@ -36,7 +36,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from copes.agents.episodes import TOOL_OVERLAP_STEPS, EpisodeFeed, NextTurn, Reprompt, TurnLimits
+from copes.agents.episodes import (
+    TOOL_OVERLAP_STEPS,
+    EpisodeFeed,
+    NextTurn,
+    Reprompt,
+    TurnLimits,
+    episode_streams,
+)
 from copes.agents.policy import SamplingConfig
 from copes.agents.vllm.requests import EngineRequests, generation_of, request_params
 from copes.seeding import derive_seed
@@ -104,7 +111,7 @@ class EngineEpisodes:
         """Play the feed's episodes (a list of prompts: all arrived, deterministic)."""
         start = time.perf_counter()
         feed = episodes if isinstance(episodes, EpisodeFeed) else EpisodeFeed.of(episodes)
-        streams = self.streams or self._default_streams(feed.count)
+        streams = self.streams or episode_streams(self.sampling.seed, feed.count)
         count = feed.count
         if len(streams) != count or (self.adapters is not None and len(self.adapters) != count):
             raise ValueError("one stream (and adapter) per episode")
@@ -132,14 +139,6 @@ class EngineEpisodes:
             self.requests.abort(running)  # the loop raised: nothing of it stays in the engine
         self.stats["seconds"] = time.perf_counter() - start
         return self.stats
-
-    def _default_streams(self, count: int) -> list[int]:
-        seed = self.sampling.seed
-        if seed is None:  # one draw from the global generator, as the transformers loop
-            import torch
-
-            seed = int(torch.randint(2**62, (1,)).item())
-        return [derive_seed("episode-sampling", seed, i) for i in range(count)]
 
     def _add(self, episode: _Episode) -> str:
         """Queue the episode's next turn as a request of the engine."""
